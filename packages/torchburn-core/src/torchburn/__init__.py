@@ -1,0 +1,63 @@
+"""TorchBurn: a ``torch.compile`` backend with pluggable engines, and a local LLM runtime.
+
+    fast = torch.compile(model, backend="torchburn", options={"engine": "native", "fallback": "warn"})
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._version import __version__
+from .cache import cache_info, clear_cache
+from .telemetry import coverage, format_coverage, reset_coverage
+from .engines.base import Availability, Engine, NodeSpec, Region, TensorSpec
+from .engines.discovery import EngineInfo, active_engine, get_engine, list_engines
+from .errors import (
+    CacheCorruptionWarning,
+    EngineNotFoundError,
+    EngineUnavailableError,
+    OptionsError,
+    TorchBurnError,
+    TorchBurnFallbackWarning,
+)
+from .hookspecs import hookimpl
+from .ops import OpRegistry
+
+if TYPE_CHECKING:
+    from ._fallback_error import FallbackError
+
+__all__ = [
+    "__version__",
+    "Availability",
+    "CacheCorruptionWarning",
+    "Engine",
+    "EngineInfo",
+    "EngineNotFoundError",
+    "EngineUnavailableError",
+    "FallbackError",
+    "NodeSpec",
+    "OpRegistry",
+    "OptionsError",
+    "Region",
+    "TensorSpec",
+    "TorchBurnError",
+    "TorchBurnFallbackWarning",
+    "active_engine",
+    "cache_info",
+    "clear_cache",
+    "coverage",
+    "format_coverage",
+    "get_engine",
+    "hookimpl",
+    "list_engines",
+    "reset_coverage",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # FallbackError derives from a Dynamo exception; importing Dynamo takes seconds, so load it on demand.
+    if name == "FallbackError":
+        from ._fallback_error import FallbackError
+
+        return FallbackError
+    raise AttributeError(f"module 'torchburn' has no attribute {name!r}")

@@ -1,0 +1,46 @@
+"""The ``torch.compile`` backend: ``torch.compile(model, backend="torchburn", options={...})``.
+
+Dynamo finds :func:`torchburn_backend` through the ``torch_dynamo_backends`` entry point, so it works
+without ``import torchburn``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from .engines.discovery import resolve_engine
+from .errors import OptionsError
+from .lowering import lower
+from .options import parse_options
+from .partition import partition_and_compile
+
+
+def torchburn_backend(
+    gm: torch.fx.GraphModule,
+    example_inputs: list[Any],
+    options: Mapping[str, Any] | None = None,
+    **unexpected: Any,
+) -> Callable[..., Any]:
+    """Dynamo backend entry: lower to ATen, partition for the engine, compile regions."""
+    if unexpected:
+        raise OptionsError(
+            f"torch.compile passed {', '.join(sorted(unexpected))} to the torchburn backend; "
+            'only options={...} is accepted (keys: "engine", "fallback", "cache", "verbose")'
+        )
+    opts = parse_options(options)
+    engine = resolve_engine(opts.engine)
+
+    def compile_graph(aten_gm: torch.fx.GraphModule, inputs: list[Any], phase: str) -> Callable[..., Any]:
+        compiled = partition_and_compile(aten_gm, engine, opts)
+        forward = compiled.forward
+
+        def run(args: list[Any]) -> Any:
+            return forward(*args)
+
+        run._boxed_call = True  # type: ignore[attr-defined]  # AOTAutograd passes the argument list as is
+        return run
+
+    return lower(gm, example_inputs, engine, compile_graph)

@@ -1,0 +1,1 @@
+"""Engines: the interface every engine implements, their discovery, and the built-in reference engine."""

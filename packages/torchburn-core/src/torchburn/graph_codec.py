@@ -1,0 +1,171 @@
+"""A JSON form of ATen FX graphs: the canonical text hashed by the cache key and the payload the
+reference engine stores on disk.
+
+Decoding only looks names up in ``torch.ops`` (and ``operator.getitem``); it never evaluates code or
+unpickles, so a stored graph cannot run anything but ATen ops.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+
+FORMAT = 1
+_NAMESPACES = ("aten", "prims")
+
+
+class GraphCodecError(ValueError):
+    """The graph holds something this codec cannot represent, or a payload is not a valid graph."""
+
+
+def target_name(target: Any) -> str:
+    """Stable name of a call target: ``aten.add.Tensor``, ``operator.getitem``, or module.qualname."""
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)  # e.g. "aten.add.Tensor"
+    if target is operator.getitem:
+        return "operator.getitem"
+    return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
+
+
+def resolve_target(name: str) -> Any:
+    if name == "operator.getitem":
+        return operator.getitem
+    parts = name.split(".")
+    if len(parts) != 3 or parts[0] not in _NAMESPACES:
+        raise GraphCodecError(f"target {name!r} is not an ATen op this codec may load")
+    try:
+        target = getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
+    except (AttributeError, RuntimeError) as exc:
+        raise GraphCodecError(f"unknown op {name!r} in this torch build") from exc
+    if not isinstance(target, torch._ops.OpOverload):
+        raise GraphCodecError(f"{name!r} is not an op overload")
+    return target
+
+
+def _encode_arg(value: Any, index: dict[torch.fx.Node, int], strict: bool) -> Any:
+    if isinstance(value, torch.fx.Node):
+        return {"n": index[value]}
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"f": repr(value)}
+    if isinstance(value, list):
+        return {"l": [_encode_arg(v, index, strict) for v in value]}
+    if isinstance(value, tuple):
+        return {"t": [_encode_arg(v, index, strict) for v in value]}
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.device):
+        return {"device": str(value)}
+    if isinstance(value, torch.layout):
+        return {"layout": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.memory_format):
+        return {"memory_format": str(value).removeprefix("torch.")}
+    if strict:
+        raise GraphCodecError(f"cannot encode argument of type {type(value).__name__}: {value!r}")
+    return {"repr": f"{type(value).__qualname__}:{value!r}"}
+
+
+def _decode_arg(value: Any, nodes: list[torch.fx.Node]) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if not isinstance(value, dict) or len(value) != 1:
+        raise GraphCodecError(f"malformed argument {value!r}")
+    ((kind, payload),) = value.items()
+    if kind == "n":
+        return nodes[payload]
+    if kind == "f":
+        return float(payload)
+    if kind == "l":
+        return [_decode_arg(v, nodes) for v in payload]
+    if kind == "t":
+        return tuple(_decode_arg(v, nodes) for v in payload)
+    if kind in ("dtype", "layout", "memory_format"):
+        obj = getattr(torch, payload, None)
+        expected = {"dtype": torch.dtype, "layout": torch.layout, "memory_format": torch.memory_format}[kind]
+        if not isinstance(obj, expected):
+            raise GraphCodecError(f"unknown {kind} {payload!r}")
+        return obj
+    if kind == "device":
+        return torch.device(payload)
+    raise GraphCodecError(f"unknown argument kind {kind!r}")
+
+
+def _spec_text(value: Any) -> Any:
+    """Dtype/shape/stride of a node's value for the key; symbolic sizes print as their expression."""
+    if isinstance(value, torch.Tensor):
+        return [str(value.dtype), [str(s) for s in value.shape], [str(s) for s in value.stride()]]
+    if isinstance(value, (tuple, list)):
+        return [_spec_text(v) for v in value]
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return ["sym", str(value)]
+    return type(value).__name__
+
+
+def encode_graph(gm: torch.fx.GraphModule, *, strict: bool = True, with_meta: bool = False) -> dict[str, Any]:
+    """The graph as JSON-able data. ``with_meta`` adds each node's dtype/shape/stride (for keys)."""
+    index: dict[torch.fx.Node, int] = {}
+    nodes = []
+    for i, node in enumerate(gm.graph.nodes):
+        index[node] = i
+        entry: dict[str, Any] = {"op": node.op, "name": node.name}
+        if node.op == "call_function":
+            if strict and not isinstance(node.target, torch._ops.OpOverload) and node.target is not operator.getitem:
+                raise GraphCodecError(f"cannot encode call to {target_name(node.target)}")
+            entry["target"] = target_name(node.target)
+        elif node.op == "get_attr":
+            entry["target"] = node.target
+        elif node.op not in ("placeholder", "output"):
+            raise GraphCodecError(f"cannot encode {node.op} node {node.name}")
+        if node.args:
+            entry["args"] = _encode_arg(tuple(node.args), index, strict)
+        if node.kwargs:
+            entry["kwargs"] = {k: _encode_arg(v, index, strict) for k, v in node.kwargs.items()}
+        if with_meta and "val" in node.meta:
+            entry["val"] = _spec_text(node.meta["val"])
+        nodes.append(entry)
+    return {"format": FORMAT, "nodes": nodes}
+
+
+def dumps(gm: torch.fx.GraphModule) -> bytes:
+    """Serialize a graph with no constants (get_attr) to bytes; raises GraphCodecError otherwise."""
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            raise GraphCodecError("graphs with tensor constants are not serialized")
+    return json.dumps(encode_graph(gm), sort_keys=True, separators=(",", ":")).encode()
+
+
+def loads(payload: bytes) -> torch.fx.GraphModule:
+    """Rebuild a GraphModule from ``dumps`` output, checking every field."""
+    try:
+        data = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise GraphCodecError(f"payload is not JSON: {exc}") from exc
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("nodes"), list):
+        raise GraphCodecError("payload is not a torchburn graph of this format")
+    graph = torch.fx.Graph()
+    built: list[torch.fx.Node] = []
+    try:
+        for entry in data["nodes"]:
+            op = entry["op"]
+            args = _decode_arg(entry.get("args", {"t": []}), built)
+            kwargs = {k: _decode_arg(v, built) for k, v in entry.get("kwargs", {}).items()}
+            if op == "placeholder":
+                node = graph.placeholder(entry["name"])
+            elif op == "call_function":
+                node = graph.call_function(resolve_target(entry["target"]), args, kwargs)
+                node.name = entry["name"]
+            elif op == "output":
+                node = graph.output(args[0])
+            else:
+                raise GraphCodecError(f"unexpected node kind {op!r}")
+            built.append(node)
+    except (KeyError, IndexError, TypeError) as exc:
+        raise GraphCodecError(f"malformed graph payload: {exc!r}") from exc
+    graph.lint()
+    return torch.fx.GraphModule(torch.nn.Module(), graph)

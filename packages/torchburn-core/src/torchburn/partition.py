@@ -1,0 +1,166 @@
+"""Cutting an ATen graph into engine regions and eager fallbacks.
+
+Every compute node (an ATen op producing tensors) is offered to the engine as a ``NodeSpec``; supported
+nodes are grouped by torch's ``CapabilityBasedPartitioner`` into connected, cycle-free regions; each
+region becomes one engine program called from the top-level graph. Shape arithmetic on symbolic sizes
+stays in the top-level graph (it is Python ints, not tensor work) and is neither offered nor counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from . import telemetry
+from .cache import program_for
+from .engines.base import Engine, NodeSpec, Program, Region, TensorSpec
+from .graph_codec import target_name
+from .options import CompileOptions
+
+log = logging.getLogger("torchburn.partition")
+
+REGION_PREFIX = "torchburn_region_"
+
+
+@dataclass(frozen=True)
+class Decision:
+    node: torch.fx.Node
+    op: str
+    supported: bool
+    reason: str = ""
+
+
+def _is_tensorish(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    return isinstance(value, (tuple, list)) and any(isinstance(v, torch.Tensor) for v in value)
+
+
+def _specs(values: Any) -> tuple[TensorSpec | None, ...]:
+    if isinstance(values, (tuple, list)):
+        return tuple(TensorSpec.of(v) for v in values)
+    return (TensorSpec.of(values),)
+
+
+def node_spec(node: torch.fx.Node) -> NodeSpec:
+    inputs = tuple(
+        TensorSpec.of(a.meta.get("val")) if isinstance(a, torch.fx.Node) else None for a in node.args
+    )
+    return NodeSpec(node, node.target, inputs, _specs(node.meta.get("val")))
+
+
+def decide(gm: torch.fx.GraphModule, engine: Engine) -> dict[torch.fx.Node, Decision]:
+    """Ask the engine about every compute node; getitem follows its producer."""
+    decisions: dict[torch.fx.Node, Decision] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is operator.getitem:
+            producer = decisions.get(node.args[0])  # type: ignore[arg-type]
+            if producer is not None:
+                decisions[node] = Decision(node, "getitem", producer.supported, producer.reason)
+            continue
+        if not _is_tensorish(node.meta.get("val")):
+            continue  # symbolic-size arithmetic: stays in Python
+        op = target_name(node.target)
+        if not isinstance(node.target, torch._ops.OpOverload):
+            decisions[node] = Decision(node, op, False, "not an ATen op")
+            continue
+        try:
+            verdict = engine.supports(node_spec(node))
+        except Exception as exc:  # an engine bug must cost speed, not correctness
+            verdict = f"support check raised {type(exc).__name__}: {exc}"
+        decisions[node] = Decision(node, op, verdict is True, "" if verdict is True else str(verdict))
+    return decisions
+
+
+class _Support(OperatorSupportBase):
+    def __init__(self, decisions: dict[torch.fx.Node, Decision]) -> None:
+        self.decisions = decisions
+
+    def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
+        decision = self.decisions.get(node)
+        return decision is not None and decision.supported
+
+
+def _region_of(sub: torch.fx.GraphModule, options: CompileOptions) -> tuple[Region, bool]:
+    """Region from a fused submodule; its output is made a tuple. Returns (region, single_output)."""
+    output = sub.graph.output_node()
+    single = not isinstance(output.args[0], (tuple, list))
+    if single:
+        output.args = ((output.args[0],),)
+        sub.recompile()
+    inputs = tuple(TensorSpec.of(n.meta.get("val")) for n in sub.graph.nodes if n.op == "placeholder")
+    outputs = tuple(TensorSpec.of(n.meta.get("val")) for n in output.args[0])
+    return Region(sub, inputs, outputs, options), single
+
+
+def _caller(program: Program, single: bool, index: int) -> Callable[..., Any]:
+    if single:
+
+        def run_one(*args: Any) -> Any:
+            return program(*args)[0]
+
+        run = run_one
+    else:
+
+        def run_many(*args: Any) -> Any:
+            return program(*args)
+
+        run = run_many
+    run.__name__ = run.__qualname__ = f"{REGION_PREFIX}{index}"
+    return run
+
+
+def partition_and_compile(gm: torch.fx.GraphModule, engine: Engine, options: CompileOptions) -> torch.fx.GraphModule:
+    """Replace supported regions of ``gm`` with engine programs; record coverage; honour ``fallback``."""
+    decisions = decide(gm, engine)
+    refused = {d.op: d.reason for d in decisions.values() if not d.supported and d.op != "getitem"}
+    if refused and options.fallback == "error":
+        from ._fallback_error import FallbackError
+
+        raise FallbackError(engine.name, refused)
+    for d in decisions.values():
+        if d.op != "getitem":
+            telemetry.record(engine.name, d.op, d.supported)
+    if options.fallback == "warn":
+        for op, reason in refused.items():
+            telemetry.warn_fallback_once(engine.name, op, reason)
+
+    partitioner = CapabilityBasedPartitioner(gm, _Support(decisions), allows_single_node_partition=True)
+    partitions = partitioner.propose_partitions()
+    fused = partitioner.fuse_partitions(partitions, prefix=REGION_PREFIX)
+    index = 0
+    for node in list(fused.graph.nodes):
+        if node.op != "call_module" or not str(node.target).startswith(REGION_PREFIX):
+            continue
+        sub = fused.get_submodule(node.target)
+        region, single = _region_of(sub, options)
+        program = program_for(engine, region, options)
+        with fused.graph.inserting_before(node):
+            call = fused.graph.call_function(_caller(program, single, index), tuple(node.args), dict(node.kwargs))
+        call.meta = dict(node.meta)
+        node.replace_all_uses_with(call)
+        fused.graph.erase_node(node)
+        fused.delete_submodule(node.target)
+        index += 1
+    fused.graph.lint()
+    fused.recompile()
+    if options.verbose:
+        log.info(
+            "engine %s: %d region(s), %d eager op(s) %s\n%s",
+            engine.name,
+            index,
+            len(refused),
+            sorted(refused),
+            fused.code,
+        )
+    return fused
