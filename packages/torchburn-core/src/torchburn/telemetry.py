@@ -44,7 +44,7 @@ def coverage() -> dict[str, dict[str, dict[str, int]]]:
 def format_coverage(report: dict[str, dict[str, dict[str, int]]] | None = None) -> str:
     """The coverage report as an aligned text table."""
     report = coverage() if report is None else report
-    lines = [f"{'engine':<12} {"op":<60} {'engine':>7} {'fallback':>8}"]
+    lines = [f"{'engine':<12} {'op':<60} {'engine':>7} {'fallback':>8}"]
     for engine, ops in sorted(report.items()):
         for op, row in sorted(ops.items()):
             lines.append(f"{engine:<12} {op:<60} {row['engine']:>7} {row['fallback']:>8}")

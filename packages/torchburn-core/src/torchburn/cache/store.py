@@ -78,7 +78,7 @@ class DiskStore:
         path = self.path(engine, digest)
         try:
             blob = path.read_bytes()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
             warnings.warn(f"torchburn cache: cannot read {path}: {exc}", CacheCorruptionWarning, stacklevel=2)
