@@ -62,7 +62,19 @@ class TinyEngine(Engine):
     version = "0.0.1"
     partial_opset = True
     ops = OpRegistry("tiny")
-    ops.add(list(KERNELS), family="elementwise", dtypes=[torch.float32], contiguous_only=True)
+    ops.add(
+        [aten.add.Tensor, aten.mul.Tensor, aten.relu.default],
+        family="elementwise",
+        dtypes=[torch.float32],
+        contiguous_only=True,
+    )
+    ops.add(
+        aten.gelu.default,
+        family="activation",
+        dtypes=[torch.float32],
+        contiguous_only=True,
+        check=lambda node: node.kwargs.get("approximate", "none") == "none" or "only exact (erf) GELU",
+    )
 
     def keep_whole(self) -> frozenset[Any]:
         return frozenset({aten.gelu.default})

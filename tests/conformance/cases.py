@@ -1,0 +1,260 @@
+"""The conformance cases: every engine must reproduce PyTorch eager on each of these.
+
+A case builds a callable and its inputs from a seeded generator. Cases are small so the suite stays
+fast on a 2-core machine; the model-level cases (MLP, CNN block, transformer layer) use real modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Builder = Callable[[torch.Generator], tuple[Callable[..., Any], tuple[Any, ...]]]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    build: Builder
+    rtol: float = 1e-4
+    atol: float = 1e-5
+
+
+def _r(g: torch.Generator, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=g, dtype=dtype)
+
+
+def _i(g: torch.Generator, high: int, *shape: int) -> torch.Tensor:
+    return torch.randint(0, high, shape, generator=g)
+
+
+def _module(m: nn.Module) -> nn.Module:
+    return m.eval()
+
+
+CASES: list[Case] = []
+
+
+def case(name: str, rtol: float = 1e-4, atol: float = 1e-5) -> Callable[[Builder], Builder]:
+    def add(build: Builder) -> Builder:
+        CASES.append(Case(name, build, rtol, atol))
+        return build
+
+    return add
+
+
+# --- elementwise with broadcasting -------------------------------------------------------------
+@case("add_broadcast")
+def _(g: torch.Generator):  # type: ignore[no-untyped-def]
+    return (lambda a, b: a + b * 2.0), (_r(g, 4, 1, 5), _r(g, 3, 5))
+
+
+@case("arith_broadcast")
+def _(g):  # type: ignore[no-untyped-def]
+    return (lambda a, b: (a * b - a) / (b.abs() + 1.0) - 3.0), (_r(g, 2, 3, 4), _r(g, 4))
+
+
+@case("where_clamp_pow")
+def _(g):  # type: ignore[no-untyped-def]
+    return (lambda a, b: torch.where(a > 0, a.clamp(-0.5, 0.5), b.pow(2)) + a.pow(3)), (_r(g, 6, 7), _r(g, 1, 7))
+
+
+@case("unary_family")
+def _(g):  # type: ignore[no-untyped-def]
+    def f(a: torch.Tensor) -> torch.Tensor:
+        p = a.abs() + 0.1
+        return a.exp() + p.log() + a.tanh() + a.sigmoid() + p.sqrt() + p.rsqrt() + a.sin() + a.cos() + torch.erf(a) - a.neg()
+
+    return f, (_r(g, 33, 17),)
+
+
+@case("activations")
+def _(g):  # type: ignore[no-untyped-def]
+    def f(a: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (F.relu(a), F.gelu(a), F.gelu(a, approximate="tanh"), F.silu(a), F.hardswish(a),
+                F.leaky_relu(a, 0.1), F.elu(a), F.softplus(a), F.hardsigmoid(a))
+
+    return f, (_r(g, 8, 129),)
+
+
+@case("comparisons_and_masks")
+def _(g):  # type: ignore[no-untyped-def]
+    def f(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mask = ((a > b) & (a < 1.0)) | ~(b == 0)
+        return mask, a * mask + a.masked_fill(a < 0, -1.0)
+
+    return f, (_r(g, 5, 9), _r(g, 5, 9))
+
+
+@case("integer_arith")
+def _(g):  # type: ignore[no-untyped-def]
+    return (lambda a, b: (a * b + torch.div(a, 3, rounding_mode="floor")) % 5 - b), (_i(g, 100, 4, 6), _i(g, 100, 6))
+
+
+@case("nan_inf_propagation")
+def _(g):  # type: ignore[no-untyped-def]
+    a = _r(g, 4, 4)
+    a[0, 0], a[1, 1], a[2, 2] = float("nan"), float("inf"), float("-inf")
+    return (lambda t: (t * 2 + 1, t.amax(-1), torch.relu(t))), (a,)
+
+
+# --- reductions ----------------------------------------------------------------------------------
+@case("reductions")
+def _(g):  # type: ignore[no-untyped-def]
+    def f(a: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (a.sum(1), a.mean(-1, keepdim=True), a.amax(0), a.amin((0, 2)), a.argmax(-1),
+                a.var(1, correction=1), a.prod(-1), (a > 0).all(-1), (a > 2).any(), a.sum())
+
+    return f, (_r(g, 3, 5, 7),)
+
+
+# --- matmul family -------------------------------------------------------------------------------
+@case("matmul_family")
+def _(g):  # type: ignore[no-untyped-def]
+    def f(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return a @ b, torch.bmm(c, c.transpose(1, 2)), c @ b, F.linear(c, w, bias), F.linear(a, w)
+
+    return f, (_r(g, 9, 16), _r(g, 16, 5), _r(g, 3, 4, 16), _r(g, 7, 16), _r(g, 7))
+
+
+@case("matmul_f64")
+def _(g):  # type: ignore[no-untyped-def]
+    return (lambda a, b: torch.relu(a @ b)), (_r(g, 8, 12, dtype=torch.float64), _r(g, 12, 3, dtype=torch.float64))
+
+
+@case("non_contiguous_inputs")
+def _(g):  # type: ignore[no-untyped-def]
+    a = _r(g, 12, 8).t()  # (8, 12) transposed view
+    b = _r(g, 4, 12, 2)[:, :, 0]  # (4, 12) strided slice
+    return (lambda x, y: (x @ y.t()) * 2 + x.sum(1, keepdim=True)), (a, b)
+
+
+# --- softmax and norms ---------------------------------------------------------------------------
+@case("softmax")
+def _(g):  # type: ignore[no-untyped-def]
+    return (lambda a: (a.softmax(-1), a.log_softmax(1), a.softmax(0))), (_r(g, 6, 10, 4) * 5,)
+
+
+@case("norms")
+def _(g):  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    ln, gn, bn, rms = nn.LayerNorm(12), nn.GroupNorm(2, 4), _module(nn.BatchNorm2d(4)), nn.RMSNorm(12)
+    with torch.no_grad():
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+        for m in (ln, gn, bn, rms):
+            m.weight.uniform_(0.5, 1.5)
+
+    def f(a: torch.Tensor, img: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return ln(a), rms(a), gn(img), bn(img)
+
+    return f, (_r(g, 5, 12), _r(g, 2, 4, 3, 3))
+
+
+# --- views and data movement ---------------------------------------------------------------------
+@case("views")
+def _(g):  # type: ignore[no-untyped-def]
+    def f(a: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (a.view(6, 20) * 1, a.permute(2, 0, 1).reshape(-1, 6) + 0, a.transpose(0, 1).contiguous(),
+                a[:, 1:4:2, ::3] * 2, a.unsqueeze(1).expand(6, 3, 4, 5) + 1, a.flatten(1) - 1,
+                a.narrow(2, 1, 3) * 1)
+
+    return f, (_r(g, 2, 3, 4, 5).view(6, 4, 5),)
+
+
+@case("cat_stack_pad")
+def _(g):  # type: ignore[no-untyped-def]
+    def f(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.cat([a, b], 0), torch.stack([a, a * 2], -1), F.pad(a, (1, 2, 0, 1), value=0.5)
+
+    return f, (_r(g, 3, 4), _r(g, 5, 4))
+
+
+# --- indexing ------------------------------------------------------------------------------------
+@case("indexing")
+def _(g):  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    emb = nn.Embedding(20, 6)
+    idx, tok = _i(g, 7, 5), _i(g, 20, 2, 3)
+    gidx = _i(g, 4, 7, 4)
+
+    def f(a: torch.Tensor, i: torch.Tensor, t: torch.Tensor, gi: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (a.index_select(0, i), a[i], torch.gather(a, 1, gi), emb(t),
+                torch.zeros(7, 4).scatter(1, gi, a), a.masked_fill(a > 0.5, 0.0))
+
+    return f, (_r(g, 7, 4), idx, tok, gidx)
+
+
+# --- convolution and pooling ---------------------------------------------------------------------
+@case("conv")
+def _(g):  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    c1 = nn.Conv1d(3, 4, 3, padding=1)
+    c2 = nn.Conv2d(4, 8, 3, stride=2, padding=1)
+    dw = nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False)
+    ct = nn.ConvTranspose2d(8, 2, 2, stride=2)
+
+    def f(seq: torch.Tensor, img: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = c2(img)
+        return c1(seq), y, dw(y), ct(y)
+
+    return f, (_r(g, 2, 3, 11), _r(g, 2, 4, 9, 9))
+
+
+@case("pooling")
+def _(g):  # type: ignore[no-untyped-def]
+    def f(img: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return F.max_pool2d(img, 2), F.max_pool2d(img, 3, 2, 1), F.avg_pool2d(img, 2), F.adaptive_avg_pool2d(img, 1)
+
+    return f, (_r(g, 2, 3, 8, 8),)
+
+
+# --- attention -----------------------------------------------------------------------------------
+@case("attention", atol=1e-5)
+def _(g):  # type: ignore[no-untyped-def]
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (F.scaled_dot_product_attention(q, k, v), F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+
+    return f, (_r(g, 2, 4, 16, 8), _r(g, 2, 4, 16, 8), _r(g, 2, 4, 16, 8), _r(g, 16, 16))
+
+
+# --- modules -------------------------------------------------------------------------------------
+@case("mlp")
+def _(g):  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    return _module(nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 256))), (_r(g, 32, 512),)
+
+
+class _CNNBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.conv2 = nn.Conv2d(16, 16, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(16)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = F.max_pool2d(y, 2)
+        y = F.relu(y + self.bn2(self.conv2(y)))  # residual
+        return self.head(F.adaptive_avg_pool2d(y, 1).flatten(1))
+
+
+@case("cnn_block")
+def _(g):  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    return _module(_CNNBlock()), (_r(g, 2, 3, 16, 16),)
+
+
+@case("transformer_layer", atol=1e-4)
+def _(g):  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(64, 4, dim_feedforward=128, dropout=0.0, batch_first=True)
+    return _module(layer), (_r(g, 2, 10, 64),)
