@@ -68,7 +68,18 @@ def _(g):  # type: ignore[no-untyped-def]
 def _(g):  # type: ignore[no-untyped-def]
     def f(a: torch.Tensor) -> torch.Tensor:
         p = a.abs() + 0.1
-        return a.exp() + p.log() + a.tanh() + a.sigmoid() + p.sqrt() + p.rsqrt() + a.sin() + a.cos() + torch.erf(a) - a.neg()
+        return (
+            a.exp()
+            + p.log()
+            + a.tanh()
+            + a.sigmoid()
+            + p.sqrt()
+            + p.rsqrt()
+            + a.sin()
+            + a.cos()
+            + torch.erf(a)
+            - a.neg()
+        )
 
     return f, (_r(g, 33, 17),)
 
@@ -76,8 +87,17 @@ def _(g):  # type: ignore[no-untyped-def]
 @case("activations")
 def _(g):  # type: ignore[no-untyped-def]
     def f(a: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (F.relu(a), F.gelu(a), F.gelu(a, approximate="tanh"), F.silu(a), F.hardswish(a),
-                F.leaky_relu(a, 0.1), F.elu(a), F.softplus(a), F.hardsigmoid(a))
+        return (
+            F.relu(a),
+            F.gelu(a),
+            F.gelu(a, approximate="tanh"),
+            F.silu(a),
+            F.hardswish(a),
+            F.leaky_relu(a, 0.1),
+            F.elu(a),
+            F.softplus(a),
+            F.hardsigmoid(a),
+        )
 
     return f, (_r(g, 8, 129),)
 
@@ -107,8 +127,18 @@ def _(g):  # type: ignore[no-untyped-def]
 @case("reductions")
 def _(g):  # type: ignore[no-untyped-def]
     def f(a: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (a.sum(1), a.mean(-1, keepdim=True), a.amax(0), a.amin((0, 2)), a.argmax(-1),
-                a.var(1, correction=1), a.prod(-1), (a > 0).all(-1), (a > 2).any(), a.sum())
+        return (
+            a.sum(1),
+            a.mean(-1, keepdim=True),
+            a.amax(0),
+            a.amin((0, 2)),
+            a.argmax(-1),
+            a.var(1, correction=1),
+            a.prod(-1),
+            (a > 0).all(-1),
+            (a > 2).any(),
+            a.sum(),
+        )
 
     return f, (_r(g, 3, 5, 7),)
 
@@ -116,7 +146,9 @@ def _(g):  # type: ignore[no-untyped-def]
 # --- matmul family -------------------------------------------------------------------------------
 @case("matmul_family")
 def _(g):  # type: ignore[no-untyped-def]
-    def f(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def f(
+        a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, w: torch.Tensor, bias: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
         return a @ b, torch.bmm(c, c.transpose(1, 2)), c @ b, F.linear(c, w, bias), F.linear(a, w)
 
     return f, (_r(g, 9, 16), _r(g, 16, 5), _r(g, 3, 4, 16), _r(g, 7, 16), _r(g, 7))
@@ -160,9 +192,15 @@ def _(g):  # type: ignore[no-untyped-def]
 @case("views")
 def _(g):  # type: ignore[no-untyped-def]
     def f(a: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (a.view(6, 20) * 1, a.permute(2, 0, 1).reshape(-1, 6) + 0, a.transpose(0, 1).contiguous(),
-                a[:, 1:4:2, ::3] * 2, a.unsqueeze(1).expand(6, 3, 4, 5) + 1, a.flatten(1) - 1,
-                a.narrow(2, 1, 3) * 1)
+        return (
+            a.view(6, 20) * 1,
+            a.permute(2, 0, 1).reshape(-1, 6) + 0,
+            a.transpose(0, 1).contiguous(),
+            a[:, 1:4:2, ::3] * 2,
+            a.unsqueeze(1).expand(6, 3, 4, 5) + 1,
+            a.flatten(1) - 1,
+            a.narrow(2, 1, 3) * 1,
+        )
 
     return f, (_r(g, 2, 3, 4, 5).view(6, 4, 5),)
 
@@ -184,8 +222,14 @@ def _(g):  # type: ignore[no-untyped-def]
     gidx = _i(g, 4, 7, 4)
 
     def f(a: torch.Tensor, i: torch.Tensor, t: torch.Tensor, gi: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (a.index_select(0, i), a[i], torch.gather(a, 1, gi), emb(t),
-                torch.zeros(7, 4).scatter(1, gi, a), a.masked_fill(a > 0.5, 0.0))
+        return (
+            a.index_select(0, i),
+            a[i],
+            torch.gather(a, 1, gi),
+            emb(t),
+            torch.zeros(7, 4).scatter(1, gi, a),
+            a.masked_fill(a > 0.5, 0.0),
+        )
 
     return f, (_r(g, 7, 4), idx, tok, gidx)
 
@@ -218,8 +262,11 @@ def _(g):  # type: ignore[no-untyped-def]
 @case("attention", atol=1e-5)
 def _(g):  # type: ignore[no-untyped-def]
     def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (F.scaled_dot_product_attention(q, k, v), F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+        return (
+            F.scaled_dot_product_attention(q, k, v),
+            F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+        )
 
     return f, (_r(g, 2, 4, 16, 8), _r(g, 2, 4, 16, 8), _r(g, 2, 4, 16, 8), _r(g, 16, 16))
 

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import torchburn
 from conformance.cases import CASES, Case
 
+import torchburn
 from helpers import engine_counts
 
 ENGINES = [e.name for e in torchburn.list_engines() if e.available]

@@ -10,7 +10,6 @@ import torch.nn.functional as F
 import torchburn_tiny_engine as tiny
 
 import torchburn
-
 from helpers import engine_counts, run_python
 
 

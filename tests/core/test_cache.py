@@ -10,13 +10,12 @@ import pytest
 import torch
 
 import torchburn
+from helpers import run_python
 from torchburn import graph_codec
 from torchburn.cache import graph_key
 from torchburn.cache.store import DiskStore
 from torchburn.engines.discovery import get_engine
 from torchburn.options import parse_options
-
-from helpers import run_python
 
 STRICT_REF = {"engine": "reference", "fallback": "error"}
 
@@ -190,16 +189,24 @@ class _no_corruption_warnings:
 
 def test_stored_graph_cannot_name_arbitrary_code() -> None:
     payload = json.dumps(
-        {"format": 1, "nodes": [{"op": "placeholder", "name": "x"},
-                                {"op": "call_function", "name": "y", "target": "os.system", "args": {"t": [{"n": 0}]}},
-                                {"op": "output", "name": "out", "args": {"t": [{"t": [{"n": 1}]}]}}]}
+        {
+            "format": 1,
+            "nodes": [
+                {"op": "placeholder", "name": "x"},
+                {"op": "call_function", "name": "y", "target": "os.system", "args": {"t": [{"n": 0}]}},
+                {"op": "output", "name": "out", "args": {"t": [{"t": [{"n": 1}]}]}},
+            ],
+        }
     ).encode()
     with pytest.raises(graph_codec.GraphCodecError, match="not an ATen op"):
         graph_codec.loads(payload)
 
 
 def test_graph_codec_round_trip_runs_the_same() -> None:
-    gm = _aten_graph(lambda t: torch.nn.functional.layer_norm(t.permute(1, 0), [4]).clamp(min=-1.0, max=float("inf")), torch.randn(4, 6))
+    gm = _aten_graph(
+        lambda t: torch.nn.functional.layer_norm(t.permute(1, 0), [4]).clamp(min=-1.0, max=float("inf")),
+        torch.randn(4, 6),
+    )
     again = graph_codec.loads(graph_codec.dumps(gm))
     x = torch.randn(4, 6)
     torch.testing.assert_close(again(x), gm(x))

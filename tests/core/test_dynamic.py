@@ -6,9 +6,8 @@ from typing import Any
 
 import torch
 
-from torchburn.backend import torchburn_backend
-
 from helpers import engine_counts
+from torchburn.backend import torchburn_backend
 
 
 class _Counting:

@@ -24,8 +24,8 @@ def test_valid_options_are_kept() -> None:
         ({"engin": "reference"}, "unknown torchburn option(s) 'engin'; allowed: 'engine', 'fallback'"),
         ({"fallback": "maybe"}, "options[\"fallback\"] must be one of 'warn', 'error', 'silent'; got 'maybe'"),
         ({"cache": 1}, "options[\"cache\"] must be one of 'on', 'memory', 'off'; got 1"),
-        ({"verbose": "yes"}, "options[\"verbose\"] must be True or False"),
-        ({"engine": 3}, "options[\"engine\"] must be an engine name"),
+        ({"verbose": "yes"}, 'options["verbose"] must be True or False'),
+        ({"engine": 3}, 'options["engine"] must be an engine name'),
     ],
 )
 def test_bad_options_are_rejected(options: dict[str, object], message: str) -> None:
@@ -57,5 +57,7 @@ def test_bad_environment_values(monkeypatch: pytest.MonkeyPatch) -> None:
         torchburn.active_engine()
     monkeypatch.delenv("TORCHBURN_DEVICE")
     monkeypatch.setenv("TORCHBURN_ENGINE", "turbo")
-    with pytest.raises(torchburn.OptionsError, match=r"TORCHBURN_ENGINE='turbo' is not an installed engine; allowed: .*'reference'"):
+    with pytest.raises(
+        torchburn.OptionsError, match=r"TORCHBURN_ENGINE='turbo' is not an installed engine; allowed: .*'reference'"
+    ):
         torchburn.active_engine()

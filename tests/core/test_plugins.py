@@ -34,7 +34,9 @@ def test_plugin_engine_is_used_by_name_and_alias() -> None:
     for name in ("tiny", "tiny-engine"):
         tiny.KERNEL_CALLS.clear()
         torch._dynamo.reset()
-        fast = torch.compile(lambda t: torch.relu(t * t), backend="torchburn", options={"engine": name, "fallback": "error"})
+        fast = torch.compile(
+            lambda t: torch.relu(t * t), backend="torchburn", options={"engine": name, "fallback": "error"}
+        )
         torch.testing.assert_close(fast(x), torch.relu(x * x))
         assert tiny.KERNEL_CALLS == {"aten.mul.Tensor": 1, "aten.relu.default": 1}
 

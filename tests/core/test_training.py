@@ -11,9 +11,7 @@ import torchburn
 
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(20, 64), torch.nn.LayerNorm(64), torch.nn.GELU(), torch.nn.Linear(64, 5)
-    )
+    return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.LayerNorm(64), torch.nn.GELU(), torch.nn.Linear(64, 5))
 
 
 def _step(model: torch.nn.Module, run: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
@@ -33,9 +31,9 @@ def test_training_step_matches_eager_gradients() -> None:
     compiled_model = copy.deepcopy(eager)
     fast = torch.compile(compiled_model, backend="torchburn", options={"engine": "reference", "fallback": "error"})
     x, y = torch.randn(16, 20), torch.randint(0, 5, (16,))
-    for g_fast, g_eager in zip(_step(compiled_model, fast, x, y), _step(eager, eager, x, y)):
+    for g_fast, g_eager in zip(_step(compiled_model, fast, x, y), _step(eager, eager, x, y), strict=True):
         torch.testing.assert_close(g_fast, g_eager, rtol=1e-5, atol=1e-6)
-    for p_fast, p_eager in zip(compiled_model.parameters(), eager.parameters()):
+    for p_fast, p_eager in zip(compiled_model.parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(p_fast, p_eager, rtol=1e-5, atol=1e-6)
     ops = torchburn.coverage()["reference"]
     # the backward graph went through the engine too: the forward uses addmm, only weight/input grads use mm

@@ -1,6 +1,6 @@
 """TorchBurn: a ``torch.compile`` backend with pluggable engines, and a local LLM runtime.
 
-    fast = torch.compile(model, backend="torchburn", options={"engine": "native", "fallback": "warn"})
+fast = torch.compile(model, backend="torchburn", options={"engine": "native", "fallback": "warn"})
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .cache import cache_info, clear_cache
-from .telemetry import coverage, format_coverage, reset_coverage
 from .engines.base import Availability, Engine, NodeSpec, Region, TensorSpec
 from .engines.discovery import EngineInfo, active_engine, get_engine, list_engines
 from .errors import (
@@ -22,6 +21,7 @@ from .errors import (
 )
 from .hookspecs import hookimpl
 from .ops import OpRegistry
+from .telemetry import coverage, format_coverage, reset_coverage
 
 if TYPE_CHECKING:
     from ._fallback_error import FallbackError

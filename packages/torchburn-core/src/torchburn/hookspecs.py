@@ -6,7 +6,8 @@ A plugin is a module named by an entry point in the ``torchburn`` group; it impl
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pluggy
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,7 @@ class CompileOptions:
         return tuple(sorted((k, repr(v)) for k, v in self.__dict__.items()))
 
 
-_VALIDATORS = {
+_VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "engine": lambda v: _engine_name(v),
     "fallback": lambda v: _choice('options["fallback"]', v, FALLBACK_MODES),
     "cache": lambda v: _choice('options["cache"]', v, CACHE_MODES),
@@ -71,10 +71,10 @@ def parse_options(options: Mapping[str, Any] | None) -> CompileOptions:
     unknown = sorted(set(options) - set(_VALIDATORS))
     if unknown:
         raise OptionsError(
-            f"unknown torchburn option(s) {', '.join(map(repr, unknown))}; "
-            f"allowed: {', '.join(map(repr, _VALIDATORS))}"
+            f"unknown torchburn option(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(map(repr, _VALIDATORS))}"
         )
-    return CompileOptions(**{k: _VALIDATORS[k](v) for k, v in options.items()})
+    checked: dict[str, Any] = {k: _VALIDATORS[k](v) for k, v in options.items()}
+    return CompileOptions(**checked)
 
 
 def env_choice(name: str, allowed: tuple[str, ...]) -> str | None:

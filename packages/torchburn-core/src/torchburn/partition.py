@@ -51,9 +51,7 @@ def _specs(values: Any) -> tuple[TensorSpec | None, ...]:
 
 
 def node_spec(node: torch.fx.Node) -> NodeSpec:
-    inputs = tuple(
-        TensorSpec.of(a.meta.get("val")) if isinstance(a, torch.fx.Node) else None for a in node.args
-    )
+    inputs = tuple(TensorSpec.of(a.meta.get("val")) if isinstance(a, torch.fx.Node) else None for a in node.args)
     return NodeSpec(node, node.target, inputs, _specs(node.meta.get("val")))
 
 
@@ -94,12 +92,14 @@ class _Support(OperatorSupportBase):
 def _region_of(sub: torch.fx.GraphModule, options: CompileOptions) -> tuple[Region, bool]:
     """Region from a fused submodule; its output is made a tuple. Returns (region, single_output)."""
     output = sub.graph.output_node()
-    single = not isinstance(output.args[0], (tuple, list))
+    result: Any = output.args[0]
+    single = not isinstance(result, (tuple, list))
     if single:
-        output.args = ((output.args[0],),)
+        result = (result,)
+        output.args = (result,)
         sub.recompile()
     inputs = tuple(TensorSpec.of(n.meta.get("val")) for n in sub.graph.nodes if n.op == "placeholder")
-    outputs = tuple(TensorSpec.of(n.meta.get("val")) for n in output.args[0])
+    outputs = tuple(TensorSpec.of(n.meta.get("val")) for n in result)
     return Region(sub, inputs, outputs, options), single
 
 
@@ -143,6 +143,7 @@ def partition_and_compile(gm: torch.fx.GraphModule, engine: Engine, options: Com
         if node.op != "call_module" or not str(node.target).startswith(REGION_PREFIX):
             continue
         sub = fused.get_submodule(node.target)
+        assert isinstance(sub, torch.fx.GraphModule)
         region, single = _region_of(sub, options)
         program = program_for(engine, region, options)
         with fused.graph.inserting_before(node):

@@ -63,7 +63,7 @@ def program_for(engine: Engine, region: Region, options: CompileOptions) -> Prog
     if options.cache == "off":
         _bump("compiles")
         return engine.compile(region)
-    program = _memory.get(key.digest)
+    program: Program | None = _memory.get(key.digest)
     if program is not None:
         _bump("memory_hits")
         return program

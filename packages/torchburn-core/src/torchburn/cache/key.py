@@ -64,7 +64,9 @@ def _constants(gm: torch.fx.GraphModule) -> str:
 def _specs(specs: Iterable[TensorSpec | None]) -> str:
     return json.dumps(
         [
-            None if s is None else [str(s.dtype), [str(d) for d in s.shape], [str(d) for d in s.stride], str(s.storage_offset)]
+            None
+            if s is None
+            else [str(s.dtype), [str(d) for d in s.shape], [str(d) for d in s.stride], str(s.storage_offset)]
             for s in specs
         ]
     )

@@ -36,7 +36,7 @@ class TensorSpec:
     @property
     def is_contiguous(self) -> bool:
         expected = 1
-        for size, stride in reversed(list(zip(self.shape, self.stride))):
+        for size, stride in reversed(list(zip(self.shape, self.stride, strict=True))):
             if size != 1 and stride != expected:
                 return False
             expected = expected * size

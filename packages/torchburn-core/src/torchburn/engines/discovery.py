@@ -76,9 +76,7 @@ def _collect() -> dict[str, tuple[Engine, str]]:
                 raise TypeError(f"plugin {plugin_name!r} registered {engine!r}, which is not a torchburn.Engine")
             for name in (engine.name, *engine.aliases):
                 if name in found:
-                    raise EngineNotFoundError(
-                        f"engine name {name!r} is registered twice ({found[name][1]} and {dist})"
-                    )
+                    raise EngineNotFoundError(f"engine name {name!r} is registered twice ({found[name][1]} and {dist})")
                 found[name] = (engine, dist)
     return found
 

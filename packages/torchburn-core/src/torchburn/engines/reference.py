@@ -19,11 +19,7 @@ from .base import Engine, Program, Region
 
 
 def _functional_aten(op: Any) -> bool:
-    return (
-        isinstance(op, torch._ops.OpOverload)
-        and op.namespace in ("aten", "prims")
-        and not op._schema.is_mutable
-    )
+    return isinstance(op, torch._ops.OpOverload) and op.namespace in ("aten", "prims") and not op._schema.is_mutable
 
 
 class ReferenceProgram:
