@@ -44,6 +44,10 @@ def test_key_is_stable_and_sensitive_to_what_decides_the_program() -> None:
         "engine": _key(lambda t: (t + 1).relu(), x, engine="tiny"),
         "options": _key(lambda t: (t + 1).relu(), x, options={"cache": "memory"}),
     }
+    const_a = _key(lambda t: t * torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]), x)
+    const_b = _key(lambda t: t * torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 9.0]), x)
+    assert "_tensor_constant" in dict(const_a.parts)["constants"]
+    assert const_a.digest != const_b.digest  # tensor constants enter the key by content
     digests = {base.digest} | {k.digest for k in changed.values()}
     assert len(digests) == len(changed) + 1, "some change did not change the key"
     text = base.describe()

@@ -6,6 +6,7 @@ exactly what went in when two runs unexpectedly miss each other.
 
 from __future__ import annotations
 
+import ctypes
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -43,9 +44,10 @@ class GraphKey:
 
 
 def _tensor_digest(t: torch.Tensor) -> str:
-    data = t.detach().contiguous().cpu()
-    raw = data.view(torch.uint8) if data.dtype != torch.bool else data.to(torch.uint8)
-    return blake3.blake3(raw.numpy().tobytes() if raw.numel() else b"").hexdigest()
+    """BLAKE3 of a tensor's bytes in logical order (read straight from memory: numpy is not required)."""
+    data = t.detach().cpu().contiguous()
+    size = data.numel() * data.element_size()
+    return blake3.blake3(ctypes.string_at(data.data_ptr(), size) if size else b"").hexdigest()
 
 
 def _constants(gm: torch.fx.GraphModule) -> str:
