@@ -244,3 +244,15 @@ def test_unwritable_cache_dir_warns_and_keeps_working(tmp_path: Path, monkeypatc
     with pytest.warns(UserWarning, match="cannot write under"):
         out = torch.compile(lambda t: t - 1, backend="torchburn", options=STRICT_REF)(torch.ones(2))
     torch.testing.assert_close(out, torch.zeros(2))
+
+
+def test_memory_cache_evicts_least_recently_used() -> None:
+    from torchburn.cache.store import MemoryCache
+
+    lru = MemoryCache(max_entries=2)
+    lru.put("a", 1)
+    lru.put("b", 2)
+    assert lru.get("a") == 1  # "a" is now the most recent
+    lru.put("c", 3)
+    assert lru.get("b") is None and lru.get("a") == 1 and lru.get("c") == 3
+    assert len(lru) == 2
