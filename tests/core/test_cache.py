@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
+import warnings
 from pathlib import Path
 
 import pytest
@@ -129,13 +133,10 @@ def test_corrupted_entry_is_ignored_with_warning_and_rebuilt(isolated_state: Pat
 
 
 def test_concurrent_processes_share_the_store(isolated_state: Path) -> None:
-    import subprocess
-    import sys
-
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", SCRIPT],
-            env={**__import__("os").environ, "TORCHBURN_CACHE_DIR": str(isolated_state)},
+            env={**os.environ, "TORCHBURN_CACHE_DIR": str(isolated_state)},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -168,7 +169,8 @@ def test_disk_store_concurrent_writers_never_expose_partial_entries(tmp_path: Pa
             if got is not None and got not in payloads:
                 seen_bad.append("mixed payload")
 
-    with _no_corruption_warnings():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", torchburn.CacheCorruptionWarning)
         threads = [threading.Thread(target=writer, args=(p,)) for p in payloads]
         threads += [threading.Thread(target=reader) for _ in range(2)]
         for t in threads:
@@ -177,18 +179,6 @@ def test_disk_store_concurrent_writers_never_expose_partial_entries(tmp_path: Pa
             t.join()
     assert not seen_bad
     assert store.read("reference", digest) in payloads
-
-
-class _no_corruption_warnings:
-    def __enter__(self) -> None:
-        import warnings
-
-        self._ctx = warnings.catch_warnings()
-        self._ctx.__enter__()
-        warnings.simplefilter("error", torchburn.CacheCorruptionWarning)
-
-    def __exit__(self, *exc: object) -> None:
-        self._ctx.__exit__(*exc)
 
 
 def test_stored_graph_cannot_name_arbitrary_code() -> None:

@@ -10,12 +10,16 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx
 
 from .. import ops as _ops
+
+if TYPE_CHECKING:
+    from ..cache.key import GraphKey
+    from ..options import CompileOptions
 
 Program = Callable[..., Sequence[Any]]
 
@@ -94,8 +98,8 @@ class Region:
     graph_module: torch.fx.GraphModule
     inputs: tuple[TensorSpec | None, ...]
     outputs: tuple[TensorSpec | None, ...]
-    options: Any = None
-    key: Any = None  # torchburn.cache.GraphKey, set by core before compile
+    options: CompileOptions | None = None
+    key: GraphKey | None = None  # set by core before compile
     extra: dict[str, Any] = field(default_factory=dict)
 
 

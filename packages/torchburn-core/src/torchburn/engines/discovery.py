@@ -64,6 +64,8 @@ def forget_engines() -> None:
 def _collect() -> dict[str, tuple[Engine, str]]:
     host = plugin_host()
     found: dict[str, tuple[Engine, str]] = {}
+    # Each plugin's hook is called on its own (not through manager.hook) so every engine can be traced
+    # back to the package that registered it, for list_engines() and duplicate-name errors.
     for plugin_name, plugin in host.manager.list_name_plugin():
         hook = getattr(plugin, "register_engines", None)
         if hook is None:
