@@ -28,7 +28,7 @@ def _env() -> dict[str, str]:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """Install every package (not editable, as users get them) and run the whole test suite."""
-    session.install(TORCH, "numpy", "pytest>=8")
+    session.install(TORCH, "numpy", "pytest>=8", "packaging")
     session.install(*PACKAGES, TEST_PLUGIN)
     session.run("pytest", *(session.posargs or ["-q"]), env=_env())
 
