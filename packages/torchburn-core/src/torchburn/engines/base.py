@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -100,7 +100,6 @@ class Region:
     outputs: tuple[TensorSpec | None, ...]
     options: CompileOptions | None = None
     key: GraphKey | None = None  # set by core before compile
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Engine(abc.ABC):
