@@ -1,0 +1,4 @@
+//! Kernels: pure functions over raw memory, one module per family.
+
+pub mod gemm;
+pub mod math;
