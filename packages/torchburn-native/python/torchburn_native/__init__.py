@@ -1,0 +1,47 @@
+"""torchburn-native: TorchBurn's default CPU engine (``native``, alias ``native_cpu``).
+
+Importing this package is not needed to use it: TorchBurn finds the engine through its entry point.
+The functions here are for inspection and tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+from . import _native  # noqa: E402
+
+
+def isa() -> str:
+    """The SIMD instruction set the kernels dispatch to on this CPU (e.g. ``avx2+fma``)."""
+    return str(_native.isa())
+
+
+def num_threads() -> int:
+    """Worker threads the kernels use (``TORCHBURN_NUM_THREADS``, else ``torch.get_num_threads()``)."""
+    from .engine import ensure_threads
+
+    return ensure_threads()
+
+
+def debug_last_call() -> dict[str, list[int]]:
+    """Data pointers the last program run on this thread read (``inputs``) and wrote (``outputs``)."""
+    result: dict[str, Any] = _native.debug_last_call()
+    return result
+
+
+def debug_stats() -> dict[str, int]:
+    """Process-wide counters: ``runs`` is the number of program runs (one per compiled-region call)."""
+    result: dict[str, Any] = _native.debug_stats()
+    return result
+
+
+def ops_table() -> list[dict[str, str]]:
+    """The engine's op registry as rows (op, family, dtypes, ...): what ``torchburn ops`` prints."""
+    from .lowering import OPS
+
+    return OPS.rows()
+
+
+__all__ = ["debug_last_call", "debug_stats", "isa", "num_threads", "ops_table"]

@@ -1,0 +1,90 @@
+"""The ``native`` engine: registration, support decisions and compilation for TorchBurn core."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torchburn.engines.base import Availability, Engine, NodeSpec, Program, Region
+from torchburn.hookspecs import hookimpl
+
+from . import __version__, _native
+from .lowering import OPS
+from .program import CompiledRegion
+from .values import SUPPORTED_DTYPES
+
+aten = torch.ops.aten
+
+
+def configured_threads() -> int:
+    """``TORCHBURN_NUM_THREADS``, else PyTorch's intra-op thread count."""
+    raw = os.environ.get("TORCHBURN_NUM_THREADS")
+    if raw:
+        try:
+            n = int(raw)
+        except ValueError:
+            raise ValueError(f"TORCHBURN_NUM_THREADS must be a positive integer, got {raw!r}") from None
+        if n < 1:
+            raise ValueError(f"TORCHBURN_NUM_THREADS must be a positive integer, got {raw!r}")
+        return n
+    return torch.get_num_threads()
+
+
+_threads_ready = False
+
+
+def ensure_threads() -> int:
+    global _threads_ready
+    if not _threads_ready:
+        _native.init_threads(configured_threads())
+        _threads_ready = True
+    return int(_native.num_threads())
+
+
+class NativeEngine(Engine):
+    name = "native"
+    aliases = ("native_cpu",)
+    device = "cpu"
+    version = __version__
+    priority = 100
+    ops = OPS
+
+    def availability(self) -> Availability:
+        return Availability(True, device_name=f"CPU ({_native.isa()})")
+
+    def keep_whole(self) -> frozenset[Any]:
+        # implemented as fused kernels: decomposing them would cost extra memory sweeps
+        keep = {aten._scaled_dot_product_flash_attention_for_cpu.default, aten.hardswish.default, aten.hardsigmoid.default}
+        keep |= {aten.silu.default, aten.gelu.default, aten.native_layer_norm.default}
+        return frozenset(keep)
+
+    def supports(self, node: NodeSpec) -> bool | str:
+        for spec in (*node.inputs, *node.outputs):
+            if spec is not None and spec.dtype not in SUPPORTED_DTYPES:
+                return f"dtype {spec.dtype} not supported"
+        return self.ops.supports(node)
+
+    def compile(self, region: Region) -> Program:
+        ensure_threads()
+        compiled = CompiledRegion(region.graph_module)
+        static = [_example(spec) for spec in region.inputs]
+        if all(a is not None for a in static):
+            compiled.prepare(static)  # plan now so that a planning error surfaces at compile time
+        return compiled
+
+    def cache_key_parts(self) -> dict[str, str]:
+        return {"isa": _native.isa()}
+
+
+def _example(spec: Any) -> Any:
+    """A meta-free stand-in with the spec's shape and strides, for planning static regions up front."""
+    if spec is None or spec.is_dynamic:
+        return None
+    return torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype)
+
+
+@hookimpl
+def register_engines(register: Callable[[Engine], None]) -> None:
+    register(NativeEngine())

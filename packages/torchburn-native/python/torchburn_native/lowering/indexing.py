@@ -1,0 +1,188 @@
+"""Indexing: embedding, index_select, gather, advanced indexing, scatter, index_put, slice/select_scatter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..planner import Planner, broadcast_shapes, broadcast_strides
+from ..values import SUPPORTED_DTYPES, Lazy, Tensorish, Value, domain_of
+from . import lower
+from .shape import view_by
+
+aten = torch.ops.aten
+ANY = SUPPORTED_DTYPES
+INDEX_DTYPES = {torch.int64, torch.int32}
+
+
+def _copy_of(p: Planner, x: Tensorish) -> Value:
+    """A fresh contiguous copy to update in place (the graph is functional: the input stays intact)."""
+    v = p.value(x)
+    out = p.new_value(v.shape, v.dtype)
+    p.materialize(p.lazy(v, domain_of(v.dtype)), into=out)
+    return out
+
+
+def _flat_index(p: Planner, idx: Tensorish) -> Value:
+    v = p.contiguous(idx)
+    return v.with_view((v.numel,), (1,), v.offset)
+
+
+def _index_select(p: Planner, x: Tensorish, dim: int, idx: Tensorish) -> Value:
+    meta = p.out_meta()
+    xv = p.contiguous(x)
+    dim = dim % max(xv.rank, 1)
+    iv = _flat_index(p, idx)
+    out = p.new_value(tuple(meta.shape), meta.dtype)
+    p.emit({"kind": "index_select", "input": xv.operand(), "index": iv.operand(), "out": out.operand(), "dim": dim}, [xv, iv], [out])
+    return out
+
+
+@lower(aten.embedding.default, family="indexing", check=lambda n: True if n.inputs[1] and n.inputs[1].dtype in INDEX_DTYPES else "embedding indices must be int32/int64")
+def embedding(p: Planner, node: Any, weight: Tensorish, idx: Tensorish, *args: Any) -> Value:
+    meta = p.out_meta()
+    out = _index_select_rows(p, weight, idx)
+    return out.with_view(tuple(meta.shape), out.strides if out.rank == len(meta.shape) else _cs(meta.shape), out.offset)
+
+
+def _cs(shape: Any) -> tuple[int, ...]:
+    from ..values import contiguous_strides
+
+    return contiguous_strides(tuple(shape))
+
+
+def _index_select_rows(p: Planner, weight: Tensorish, idx: Tensorish) -> Value:
+    wv = p.contiguous(weight)
+    iv = _flat_index(p, idx)
+    out = p.new_value((iv.numel, *wv.shape[1:]), wv.dtype)
+    p.emit({"kind": "index_select", "input": wv.operand(), "index": iv.operand(), "out": out.operand(), "dim": 0}, [wv, iv], [out])
+    return out
+
+
+@lower(aten.index_select.default, family="indexing")
+def index_select(p: Planner, node: Any, x: Tensorish, dim: int, idx: Tensorish) -> Value:
+    return _index_select(p, x, dim, idx)
+
+
+@lower(aten.gather.default, family="indexing")
+def gather(p: Planner, node: Any, x: Tensorish, dim: int, idx: Tensorish, sparse_grad: bool = False) -> Value:
+    xv = p.value(x)
+    iv = p.value(idx)
+    dim = dim % max(xv.rank, 1)
+    out = p.new_value(iv.shape, xv.dtype)
+    p.emit({"kind": "gather", "input": xv.operand(), "index": iv.operand(), "out": out.operand(), "dim": dim}, [xv, iv], [out])
+    return out
+
+
+def _index_layout(node: Any) -> bool | str:
+    indices = node.args[1]
+    present = [i for i, t in enumerate(indices) if t is not None]
+    if not present:
+        return "index without index tensors"
+    if present != list(range(present[0], present[-1] + 1)):
+        return "non-adjacent advanced indices not supported"
+    for t in indices:
+        if t is not None and t.meta["val"].dtype not in INDEX_DTYPES:
+            return "boolean-mask indexing not supported (data-dependent shape)"
+    return True
+
+
+@lower(aten.index.Tensor, family="indexing", check=_index_layout)
+def index(p: Planner, node: Any, x: Tensorish, indices: list[Tensorish | None]) -> Value:
+    meta = p.out_meta()
+    xv = p.value(x)
+    present = [i for i, t in enumerate(indices) if t is not None]
+    first = present[0]
+    tensors = [p.value(indices[i]) for i in present]  # type: ignore[arg-type]
+    bshape = broadcast_shapes(*(t.shape for t in tensors))
+    out = p.new_value(tuple(meta.shape), xv.dtype)
+    p.emit(
+        {
+            "kind": "index",
+            "input": xv.operand(),
+            "indices": [t.operand(bshape, broadcast_strides(t, bshape)) for t in tensors],
+            "out": out.operand(),
+            "first": first,
+        },
+        [xv, *tensors],
+        [out],
+    )
+    return out
+
+
+def _scatter(p: Planner, x: Tensorish, dim: int, idx: Tensorish, src: Any, accumulate: bool) -> Value:
+    out = _copy_of(p, x)
+    iv = p.value(idx)
+    if isinstance(src, (int, float, bool)):
+        sv = p.materialize(Lazy("const", (src,), out.dtype, iv.shape, domain_of(out.dtype)))
+    else:
+        sv = p.value(src)
+        if sv.dtype != out.dtype:
+            sv = p.contiguous(sv, out.dtype)
+        sv = sv.with_view(iv.shape, sv.strides, sv.offset)
+    p.emit(
+        {"kind": "scatter", "out": out.operand(), "index": iv.operand(), "src": sv.operand(), "dim": dim % out.rank, "accumulate": accumulate},
+        [out, iv, sv],
+        [out],
+    )
+    return out
+
+
+@lower(aten.scatter.src, aten.scatter.value, family="indexing")
+def scatter(p: Planner, node: Any, x: Tensorish, dim: int, idx: Tensorish, src: Any) -> Value:
+    return _scatter(p, x, dim, idx, src, False)
+
+
+@lower(aten.scatter_add.default, family="indexing")
+def scatter_add(p: Planner, node: Any, x: Tensorish, dim: int, idx: Tensorish, src: Any) -> Value:
+    return _scatter(p, x, dim, idx, src, True)
+
+
+def _index_put_layout(node: Any) -> bool | str:
+    indices = node.args[1]
+    if not indices or any(t is None for t in indices):
+        return "index_put needs index tensors on the leading dims"
+    for t in indices:
+        if t.meta["val"].dtype not in INDEX_DTYPES:
+            return "boolean-mask index_put not supported"
+    return True
+
+
+@lower(aten.index_put.default, family="indexing", check=_index_put_layout)
+def index_put(p: Planner, node: Any, x: Tensorish, indices: list[Tensorish], values: Tensorish, accumulate: bool = False) -> Value:
+    out = _copy_of(p, x)
+    tensors = [p.value(t) for t in indices]
+    bshape = broadcast_shapes(*(t.shape for t in tensors))
+    target = bshape + out.shape[len(tensors) :]
+    vv = p.value(values)
+    if vv.dtype != out.dtype:
+        vv = p.contiguous(vv, out.dtype)
+    p.emit(
+        {
+            "kind": "index_put",
+            "out": out.operand(),
+            "indices": [t.operand(bshape, broadcast_strides(t, bshape)) for t in tensors],
+            "values": vv.operand(target, broadcast_strides(vv, target)),
+            "accumulate": bool(accumulate),
+        },
+        [out, vv, *tensors],
+        [out],
+    )
+    return out
+
+
+@lower(aten.slice_scatter.default, family="indexing")
+def slice_scatter(p: Planner, node: Any, x: Tensorish, src: Tensorish, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Value:
+    out = _copy_of(p, x)
+    dest = view_by(p, out, lambda t: aten.slice.Tensor(t, dim, start, end, step))
+    p.materialize(p.lazy(src, domain_of(out.dtype)), into=dest)
+    return out
+
+
+@lower(aten.select_scatter.default, family="indexing")
+def select_scatter(p: Planner, node: Any, x: Tensorish, src: Tensorish, dim: int, index: int) -> Value:
+    out = _copy_of(p, x)
+    dest = view_by(p, out, lambda t: aten.select.int(t, dim, index))
+    p.materialize(p.lazy(src, domain_of(out.dtype)), into=dest)
+    return out

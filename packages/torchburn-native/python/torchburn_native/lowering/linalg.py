@@ -1,0 +1,138 @@
+"""Matrix products and convolutions: the GEMM-backed ops.
+
+Operands go to the kernel as strided views, so ``x @ w.t()`` reads ``w`` in place. A bias is folded
+into the GEMM (it seeds the output, which the GEMM accumulates into) and a following activation is
+applied as an epilogue (see ``elementwise._fuse_epilogue``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..planner import Planner, broadcast_strides
+from ..values import Lazy, Tensorish, Value
+from . import lower
+
+aten = torch.ops.aten
+MATMUL_DTYPES = {torch.float32, torch.float64, torch.float16, torch.bfloat16}
+CONV_DTYPES = {torch.float32, torch.float64}
+
+
+def _gemm_dtype(dtype: torch.dtype) -> torch.dtype:
+    # half types are widened to f32 for the product (as PyTorch's CPU kernels accumulate in f32)
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _operand3(v: Value) -> dict[str, Any]:
+    if v.rank == 2:
+        return v.operand((1, *v.shape), (0, *v.strides))
+    return v.operand()
+
+
+def _as_gemm_input(p: Planner, x: Tensorish, dtype: torch.dtype) -> Value:
+    v = p.value(x)
+    if v.dtype != dtype:
+        v = p.contiguous(v, dtype)
+    return v
+
+
+def matmul(
+    p: Planner,
+    a: Tensorish,
+    b: Tensorish,
+    bias: Tensorish | None = None,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+) -> Tensorish:
+    meta = p.out_meta()
+    out_dtype: torch.dtype = meta.dtype
+    dtype = _gemm_dtype(out_dtype)
+    av = _as_gemm_input(p, a, dtype)
+    bv = _as_gemm_input(p, b, dtype)
+    out = p.new_value(tuple(meta.shape), dtype)
+    instr: dict[str, Any] = {
+        "kind": "matmul",
+        "a": _operand3(av),
+        "b": _operand3(bv),
+        "out": _operand3(out),
+        "bias": None,
+        "alpha": float(alpha),
+        "beta": float(beta),
+        "act": None,
+    }
+    reads = [av, bv]
+    if bias is not None and beta != 0:
+        biasv = _as_gemm_input(p, bias, dtype)
+        strides = broadcast_strides(biasv, out.shape)
+        instr["bias"] = biasv.operand(out.shape, strides) if out.rank == 3 else biasv.operand((1, *out.shape), (0, *strides))
+        reads.append(biasv)
+    p.emit(instr, reads, [out])
+    if out_dtype != dtype:
+        return Lazy("unary", ("identity", p.lazy(out, "f32")), out_dtype, out.shape, "f32")
+    return out
+
+
+@lower(aten.mm.default, aten.bmm.default, family="matmul", dtypes=MATMUL_DTYPES)
+def mm(p: Planner, node: Any, a: Tensorish, b: Tensorish) -> Tensorish:
+    return matmul(p, a, b)
+
+
+@lower(aten.addmm.default, aten.baddbmm.default, family="matmul", dtypes=MATMUL_DTYPES)
+def addmm(p: Planner, node: Any, bias: Tensorish, a: Tensorish, b: Tensorish, beta: float = 1, alpha: float = 1) -> Tensorish:
+    return matmul(p, a, b, bias, alpha, beta)
+
+
+def _conv_check(node: Any) -> bool | str:
+    inp = node.inputs[0]
+    if inp is None or inp.rank not in (3, 4):
+        return "only 1-D and 2-D convolutions are supported"
+    return True
+
+
+@lower(aten.convolution.default, family="convolution", dtypes=CONV_DTYPES, check=_conv_check)
+def convolution(
+    p: Planner,
+    node: Any,
+    x: Tensorish,
+    weight: Tensorish,
+    bias: Tensorish | None,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    transposed: bool,
+    output_padding: list[int],
+    groups: int,
+) -> Value:
+    meta = p.out_meta()
+    xv = p.contiguous(x)
+    wv = p.contiguous(weight)
+    bv = p.contiguous(bias) if bias is not None else None
+    out = p.new_value(tuple(meta.shape), meta.dtype)
+    if xv.rank == 3:
+        # conv1d is conv2d over a height of one
+        def as4(v: Value) -> dict[str, Any]:
+            shape = (v.shape[0], v.shape[1], 1, v.shape[2])
+            return v.operand(shape, (v.strides[0], v.strides[1], v.shape[2], v.strides[2]))
+
+        x_op, w_op, o_op = as4(xv), as4(wv), as4(out)
+        stride, padding, dilation = [1, stride[0]], [0, padding[0]], [1, dilation[0]]
+        output_padding = [0, output_padding[0]]
+    else:
+        x_op, w_op, o_op = xv.operand(), wv.operand(), out.operand()
+    instr = {
+        "kind": "conv2d",
+        "input": x_op,
+        "weight": w_op,
+        "bias": bv.operand() if bv is not None else None,
+        "out": o_op,
+        "stride": list(stride),
+        "padding": list(padding),
+        "dilation": list(dilation),
+        "groups": int(groups),
+        "transposed": bool(transposed),
+        "output_padding": list(output_padding),
+    }
+    p.emit(instr, [xv, wv, bv], [out])
+    return out

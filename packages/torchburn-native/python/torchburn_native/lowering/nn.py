@@ -1,0 +1,380 @@
+"""Fused neural-network kernels: softmax, layer/group/RMS/batch norm, attention, pooling.
+
+Each takes contiguous operands (copies are inserted only when the producer left a strided view) and
+computes half types in f32, converting at the edges as PyTorch's CPU kernels do.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ..planner import Planner
+from ..values import FLOAT_DTYPES, Lazy, Tensorish, Value, domain_of, numel
+from . import lower
+from .elementwise import binary_expr, unary_expr
+
+aten = torch.ops.aten
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _narrow(p: Planner, v: Value, dtype: torch.dtype) -> Tensorish:
+    """Back to the node's dtype: a lazy conversion that fuses into whatever reads it."""
+    if v.dtype == dtype:
+        return v
+    return Lazy("unary", ("identity", p.lazy(v, domain_of(v.dtype))), dtype, v.shape, domain_of(v.dtype))
+
+
+def _softmax(p: Planner, x: Tensorish, dim: int, log: bool) -> Tensorish:
+    meta = p.out_meta()
+    cdt = _compute_dtype(meta.dtype)
+    xv = p.contiguous(x, cdt)
+    rank = max(xv.rank, 1)
+    dim = dim % rank
+    shape = xv.shape or (1,)
+    outer = numel(shape[:dim])
+    inner = numel(shape[dim + 1 :])
+    out = p.new_value(xv.shape, cdt)
+    p.emit(
+        {"kind": "softmax", "input": xv.operand(), "out": out.operand(), "outer": outer, "n": shape[dim], "inner": inner, "log": log},
+        [xv],
+        [out],
+    )
+    return _narrow(p, out, meta.dtype)
+
+
+@lower(aten._softmax.default, family="softmax", dtypes=FLOAT_DTYPES)
+def softmax(p: Planner, node: Any, x: Tensorish, dim: int, half_to_float: bool) -> Tensorish:
+    return _softmax(p, x, dim, False)
+
+
+@lower(aten._log_softmax.default, family="softmax", dtypes=FLOAT_DTYPES)
+def log_softmax(p: Planner, node: Any, x: Tensorish, dim: int, half_to_float: bool) -> Tensorish:
+    return _softmax(p, x, dim, True)
+
+
+@lower(aten.native_layer_norm.default, family="normalization", dtypes=FLOAT_DTYPES)
+def layer_norm(
+    p: Planner, node: Any, x: Tensorish, normalized_shape: list[int], weight: Tensorish | None, bias: Tensorish | None, eps: float
+) -> tuple[Tensorish, ...]:
+    out_meta, mean_meta, rstd_meta = p.out_meta()
+    cdt = _compute_dtype(out_meta.dtype)
+    xv = p.contiguous(x, cdt)
+    n = numel(tuple(normalized_shape))
+    rows = xv.numel // n if n else 0
+    wv = p.contiguous(weight, cdt) if weight is not None else None
+    bv = p.contiguous(bias, cdt) if bias is not None else None
+    out = p.new_value(xv.shape, cdt)
+    mean = p.new_value(tuple(mean_meta.shape), cdt)
+    rstd = p.new_value(tuple(rstd_meta.shape), cdt)
+    p.emit(
+        {
+            "kind": "layer_norm",
+            "input": xv.operand(),
+            "weight": wv.operand() if wv is not None else None,
+            "bias": bv.operand() if bv is not None else None,
+            "out": out.operand(),
+            "mean": mean.operand(),
+            "rstd": rstd.operand(),
+            "rows": rows,
+            "n": n,
+            "eps": float(eps),
+        },
+        [xv, wv, bv],
+        [out, mean, rstd],
+    )
+    return (_narrow(p, out, out_meta.dtype), _narrow(p, mean, mean_meta.dtype), _narrow(p, rstd, rstd_meta.dtype))
+
+
+def _rms_norm(p: Planner, x: Tensorish, normalized_shape: list[int], weight: Tensorish | None, eps: float | None) -> Value:
+    dtype = x.dtype
+    cdt = _compute_dtype(dtype)
+    xv = p.contiguous(x, cdt)
+    n = numel(tuple(normalized_shape))
+    wv = p.contiguous(weight, cdt) if weight is not None else None
+    out = p.new_value(xv.shape, cdt)
+    if eps is None:
+        eps = torch.finfo(dtype).eps
+    p.emit(
+        {
+            "kind": "rms_norm",
+            "input": xv.operand(),
+            "weight": wv.operand() if wv is not None else None,
+            "out": out.operand(),
+            "rows": xv.numel // n if n else 0,
+            "n": n,
+            "eps": float(eps),
+        },
+        [xv, wv],
+        [out],
+    )
+    return out
+
+
+if hasattr(aten, "_fused_rms_norm"):
+
+    @lower(aten._fused_rms_norm.default, family="normalization", dtypes=FLOAT_DTYPES)
+    def fused_rms_norm(
+        p: Planner, node: Any, x: Tensorish, normalized_shape: list[int], weight: Tensorish | None, eps: float | None
+    ) -> tuple[Tensorish, Value]:
+        out_meta, rstd_meta = p.out_meta()
+        out = _rms_norm(p, x, normalized_shape, weight, eps)
+        rstd = _rstd_of(p, x, normalized_shape, eps, rstd_meta)
+        return _narrow(p, out, out_meta.dtype), rstd
+
+
+def _rstd_of(p: Planner, x: Tensorish, normalized_shape: list[int], eps: float | None, meta: Any) -> Value:
+    """rstd output of _fused_rms_norm (used by backward only): 1/sqrt(mean(x²) + eps) per row."""
+    from .reduction import reduce_values
+
+    cdt = _compute_dtype(x.dtype)
+    d = domain_of(cdt)
+    if eps is None:
+        eps = torch.finfo(x.dtype).eps
+    sq = unary_expr(p, "square", x, cdt)
+    k = len(normalized_shape)
+    dims = list(range(len(x.shape) - k, len(x.shape)))
+    ms = reduce_values(p, p.materialize(sq), dims, True, "sum", cdt, scale=1.0 / max(numel(tuple(normalized_shape)), 1))
+    r = unary_expr(p, "rsqrt", binary_expr(p, "add", ms, float(eps), cdt), cdt)
+    assert r.domain == d
+    return p.materialize(r, dtype=meta.dtype)
+
+
+@lower(aten.native_group_norm.default, family="normalization", dtypes=FLOAT_DTYPES)
+def group_norm(
+    p: Planner,
+    node: Any,
+    x: Tensorish,
+    weight: Tensorish | None,
+    bias: Tensorish | None,
+    n: int,
+    c: int,
+    hw: int,
+    groups: int,
+    eps: float,
+) -> tuple[Tensorish, ...]:
+    out_meta, mean_meta, rstd_meta = p.out_meta()
+    cdt = _compute_dtype(out_meta.dtype)
+    xv = p.contiguous(x, cdt)
+    wv = p.contiguous(weight, cdt) if weight is not None else None
+    bv = p.contiguous(bias, cdt) if bias is not None else None
+    out = p.new_value(xv.shape, cdt)
+    mean = p.new_value(tuple(mean_meta.shape), cdt)
+    rstd = p.new_value(tuple(rstd_meta.shape), cdt)
+    p.emit(
+        {
+            "kind": "group_norm",
+            "input": xv.operand(),
+            "weight": wv.operand() if wv is not None else None,
+            "bias": bv.operand() if bv is not None else None,
+            "out": out.operand(),
+            "mean": mean.operand(),
+            "rstd": rstd.operand(),
+            "n": int(n),
+            "c": int(c),
+            "hw": int(hw),
+            "groups": int(groups),
+            "eps": float(eps),
+        },
+        [xv, wv, bv],
+        [out, mean, rstd],
+    )
+    return (_narrow(p, out, out_meta.dtype), _narrow(p, mean, mean_meta.dtype), _narrow(p, rstd, rstd_meta.dtype))
+
+
+def _per_channel(p: Planner, t: Tensorish, rank: int) -> Value:
+    """A [C] parameter as a [C, 1, ..., 1] view that broadcasts over an N,C,... tensor."""
+    v = p.value(t)
+    return v.with_view((v.shape[0],) + (1,) * (rank - 2), (v.strides[0],) + (0,) * (rank - 2), v.offset)
+
+
+def _batch_norm_eval(
+    p: Planner, x: Tensorish, weight: Any, bias: Any, mean: Tensorish, var: Tensorish, eps: float
+) -> tuple[Tensorish, Value, Value]:
+    out_meta, m1, m2 = p.out_meta()
+    dtype = out_meta.dtype
+    rank = len(x.shape)
+    inv = unary_expr(p, "rsqrt", binary_expr(p, "add", _per_channel(p, var, rank), float(eps), dtype), dtype)
+    y = binary_expr(p, "mul", binary_expr(p, "sub", x, _per_channel(p, mean, rank), dtype), inv, dtype)
+    if weight is not None:
+        y = binary_expr(p, "mul", y, _per_channel(p, weight, rank), dtype)
+    if bias is not None:
+        y = binary_expr(p, "add", y, _per_channel(p, bias, rank), dtype)
+    return y, p.new_value(tuple(m1.shape), m1.dtype), p.new_value(tuple(m2.shape), m2.dtype)
+
+
+def _bn_check(node: Any) -> bool | str:
+    if node.target is aten.native_batch_norm.default and node.args[5]:
+        return "training-mode batch norm not supported"
+    return True
+
+
+@lower(aten._native_batch_norm_legit_no_training.default, family="normalization", dtypes=FLOAT_DTYPES)
+def batch_norm_no_training(
+    p: Planner, node: Any, x: Tensorish, weight: Any, bias: Any, mean: Tensorish, var: Tensorish, momentum: float, eps: float
+) -> tuple[Tensorish, Value, Value]:
+    return _batch_norm_eval(p, x, weight, bias, mean, var, eps)
+
+
+@lower(aten.native_batch_norm.default, family="normalization", dtypes=FLOAT_DTYPES, check=_bn_check)
+def native_batch_norm(
+    p: Planner, node: Any, x: Tensorish, weight: Any, bias: Any, mean: Tensorish, var: Tensorish, training: bool, momentum: float, eps: float
+) -> tuple[Tensorish, Value, Value]:
+    return _batch_norm_eval(p, x, weight, bias, mean, var, eps)
+
+
+def _sdpa_check(node: Any) -> bool | str:
+    args = node.args
+    if len(args) > 3 and args[3]:
+        return "dropout in attention not supported"
+    q = node.inputs[0]
+    if q is None or q.rank != 4:
+        return "attention needs 4-D q/k/v"
+    if q.dtype != torch.float32:
+        return "attention runs in float32 only"
+    mask = node.kwargs.get("attn_mask")
+    if mask is not None and mask.meta["val"].dtype not in (torch.float32, torch.bool):
+        return "attention mask must be float32 or bool"
+    return True
+
+
+@lower(aten._scaled_dot_product_flash_attention_for_cpu.default, family="attention", check=_sdpa_check)
+def sdpa(
+    p: Planner,
+    node: Any,
+    q: Tensorish,
+    k: Tensorish,
+    v: Tensorish,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    attn_mask: Tensorish | None = None,
+    scale: float | None = None,
+) -> tuple[Value, Value]:
+    qv, kv, vv = p.contiguous(q), p.contiguous(k), p.contiguous(v)
+    b, h, tq, d = qv.shape
+    tk, dv = kv.shape[2], vv.shape[3]
+    out = p.new_value((b, h, tq, dv), torch.float32)
+    lse = p.new_value((b, h, tq), torch.float32)
+    mask_op = None
+    maskv = None
+    if attn_mask is not None:
+        from ..planner import broadcast_strides
+
+        maskv = p.value(attn_mask)
+        mask_op = maskv.operand((b, h, tq, tk), broadcast_strides(maskv, (b, h, tq, tk)))
+    p.emit(
+        {
+            "kind": "sdpa",
+            "q": qv.operand(),
+            "k": kv.operand(),
+            "v": vv.operand(),
+            "mask": mask_op,
+            "out": out.operand(),
+            "lse": lse.operand(),
+            "causal": bool(is_causal),
+            "scale": float(scale) if scale is not None else 1.0 / math.sqrt(d),
+        },
+        [qv, kv, vv, maskv],
+        [out, lse],
+    )
+    return out, lse
+
+
+def _as4d(v: Value) -> tuple[Value, bool]:
+    if v.rank == 3:
+        return v.with_view((1, *v.shape), (0, *v.strides), v.offset), True
+    return v, False
+
+
+def _pool_pairs(x: list[int] | int, default: list[int]) -> list[int]:
+    if isinstance(x, int):
+        return [x, x]
+    if not x:
+        return default
+    return [x[0], x[0]] if len(x) == 1 else [x[0], x[1]]
+
+
+@lower(aten.max_pool2d_with_indices.default, family="pooling", dtypes={torch.float32, torch.float64})
+def max_pool2d(
+    p: Planner,
+    node: Any,
+    x: Tensorish,
+    kernel: list[int],
+    stride: list[int] | None = None,
+    padding: list[int] | int = 0,
+    dilation: list[int] | int = 1,
+    ceil_mode: bool = False,
+) -> tuple[Value, Value]:
+    out_meta, idx_meta = p.out_meta()
+    xv, _ = _as4d(p.contiguous(x))
+    k = _pool_pairs(kernel, [1, 1])
+    out = p.new_value(tuple(out_meta.shape), out_meta.dtype)
+    idx = p.new_value(tuple(idx_meta.shape), torch.int64)
+    ov, _ = _as4d(out)
+    iv, _ = _as4d(idx)
+    wants_indices = any(u.args[1] == 1 for u in node.users)
+    p.emit(
+        {
+            "kind": "max_pool2d",
+            "input": xv.operand(),
+            "out": ov.operand(),
+            "indices": iv.operand() if wants_indices else None,
+            "kernel": k,
+            "stride": _pool_pairs(stride or kernel, k),
+            "padding": _pool_pairs(padding, [0, 0]),
+            "dilation": _pool_pairs(dilation, [1, 1]),
+        },
+        [xv],
+        [ov, iv if wants_indices else None],
+    )
+    return out, idx
+
+
+@lower(aten.avg_pool2d.default, family="pooling", dtypes={torch.float32, torch.float64})
+def avg_pool2d(
+    p: Planner,
+    node: Any,
+    x: Tensorish,
+    kernel: list[int],
+    stride: list[int] | None = None,
+    padding: list[int] | int = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> Value:
+    meta = p.out_meta()
+    xv, _ = _as4d(p.contiguous(x))
+    k = _pool_pairs(kernel, [1, 1])
+    out = p.new_value(tuple(meta.shape), meta.dtype)
+    ov, _ = _as4d(out)
+    p.emit(
+        {
+            "kind": "avg_pool2d",
+            "input": xv.operand(),
+            "out": ov.operand(),
+            "kernel": k,
+            "stride": _pool_pairs(stride or kernel, k),
+            "padding": _pool_pairs(padding, [0, 0]),
+            "count_include_pad": bool(count_include_pad),
+            "divisor_override": divisor_override,
+        },
+        [xv],
+        [ov],
+    )
+    return out
+
+
+@lower(aten._adaptive_avg_pool2d.default, aten.adaptive_avg_pool2d.default, family="pooling", dtypes={torch.float32, torch.float64})
+def adaptive_avg_pool2d(p: Planner, node: Any, x: Tensorish, output_size: list[int]) -> Value:
+    meta = p.out_meta()
+    xv, _ = _as4d(p.contiguous(x))
+    out = p.new_value(tuple(meta.shape), meta.dtype)
+    ov, _ = _as4d(out)
+    p.emit({"kind": "adaptive_avg_pool2d", "input": xv.operand(), "out": ov.operand()}, [xv], [ov])
+    return out

@@ -1,0 +1,164 @@
+"""Views (no data movement: a new shape/stride/offset over the same buffer) and copies that only move
+data (cat, stack, pad, repeat)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..planner import Planner
+from ..values import SUPPORTED_DTYPES, Lazy, Tensorish, Value, contiguous_strides, domain_of
+from . import lower
+
+aten = torch.ops.aten
+ANY = SUPPORTED_DTYPES
+
+
+def _meta_of(x: Value) -> torch.Tensor:
+    return torch.empty_strided(x.shape, x.strides, dtype=x.dtype, device="meta")
+
+
+def view_by(p: Planner, x: Tensorish, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """Apply a view op to ``x``'s layout with PyTorch's own meta kernels: they know every stride rule."""
+    v = p.value(x)
+    try:
+        r = fn(_meta_of(v))
+    except RuntimeError:
+        # a layout PyTorch could view (it had a contiguous copy) but ours cannot: copy, then view
+        v = p.contiguous(v)
+        r = fn(_meta_of(v))
+
+    def wrap(t: torch.Tensor) -> Value:
+        return v.with_view(tuple(t.shape), tuple(t.stride()), v.offset + t.storage_offset())
+
+    if isinstance(r, (list, tuple)):
+        return [wrap(t) for t in r]
+    return wrap(r)
+
+
+def _view_op(op: Any) -> Callable[..., Any]:
+    def lowering(p: Planner, node: Any, x: Tensorish, *args: Any, **kwargs: Any) -> Any:
+        return view_by(p, x, lambda t: op(t, *args, **kwargs))
+
+    return lowering
+
+
+VIEW_OPS = [
+    aten.view.default,
+    aten._unsafe_view.default,
+    aten.reshape.default,
+    aten.expand.default,
+    aten.permute.default,
+    aten.transpose.int,
+    aten.t.default,
+    aten.squeeze.dim,
+    aten.squeeze.dims,
+    aten.squeeze.default,
+    aten.unsqueeze.default,
+    aten.slice.Tensor,
+    aten.select.int,
+    aten.split.Tensor,
+    aten.split_with_sizes.default,
+    aten.unbind.int,
+    aten.narrow.default,
+    aten.diagonal.default,
+    aten.unfold.default,
+    aten.view_as_real.default if hasattr(aten, "view_as_real") else aten.view.default,
+]
+for _op in dict.fromkeys(VIEW_OPS):
+    if _op is aten.view_as_real.default:
+        continue
+    lower(_op, family="view", dtypes=ANY)(_view_op(_op))
+
+
+@lower(aten.cat.default, family="copy", dtypes=ANY)
+def cat(p: Planner, node: Any, tensors: list[Tensorish], dim: int = 0) -> Value:
+    meta = p.out_meta()
+    out = p.new_value(tuple(meta.shape), meta.dtype)
+    rank = out.rank
+    dim = dim % rank if rank else 0
+    start = 0
+    for t in tensors:
+        if t.rank == 1 and t.shape[0] == 0 and rank != 1:
+            continue  # legacy: 1-D empty tensors are skipped by cat
+        size = t.shape[dim]
+        if size:
+            dest = out.with_view(t.shape, out.strides, out.offset + start * out.strides[dim])
+            p.materialize(p.lazy(t, domain_of(out.dtype)), into=_as_shape(dest, out, dim, size))
+        start += size
+    return out
+
+
+def _as_shape(dest: Value, out: Value, dim: int, size: int) -> Value:
+    shape = list(out.shape)
+    shape[dim] = size
+    return dest.with_view(tuple(shape), out.strides, dest.offset)
+
+
+@lower(aten.stack.default, family="copy", dtypes=ANY)
+def stack(p: Planner, node: Any, tensors: list[Tensorish], dim: int = 0) -> Value:
+    meta = p.out_meta()
+    out = p.new_value(tuple(meta.shape), meta.dtype)
+    dim = dim % out.rank
+    for i, t in enumerate(tensors):
+        shape = list(out.shape)
+        shape[dim] = 1
+        dest = out.with_view(tuple(shape), out.strides, i * out.strides[dim])
+        squeezed = dest.with_view(
+            tuple(s for j, s in enumerate(dest.shape) if j != dim),
+            tuple(s for j, s in enumerate(dest.strides) if j != dim),
+            dest.offset,
+        )
+        p.materialize(p.lazy(t, domain_of(out.dtype)), into=squeezed)
+    return out
+
+
+@lower(aten.constant_pad_nd.default, family="copy", dtypes=ANY)
+def constant_pad_nd(p: Planner, node: Any, x: Tensorish, pad: list[int], value: float = 0) -> Value:
+    meta = p.out_meta()
+    out = p.new_value(tuple(meta.shape), meta.dtype)
+    d = domain_of(out.dtype)
+    p.materialize(Lazy("const", (value,), out.dtype, out.shape, d), into=out)
+    src = p.value(x)
+    # pad pairs run from the last dim backwards; negative pads crop the source
+    src_shape, src_strides, src_off = list(src.shape), list(src.strides), src.offset
+    dst_shape, dst_off = list(out.shape), out.offset
+    for i in range(len(pad) // 2):
+        dim = out.rank - 1 - i
+        lo, hi = pad[2 * i], pad[2 * i + 1]
+        if lo < 0:
+            src_off += -lo * src_strides[dim]
+            src_shape[dim] += lo
+        else:
+            dst_off += lo * out.strides[dim]
+        if hi < 0:
+            src_shape[dim] += hi
+        dst_shape[dim] = max(src_shape[dim], 0)
+    if all(s > 0 for s in src_shape):
+        inner = src.with_view(tuple(src_shape), tuple(src_strides), src_off)
+        dest = out.with_view(tuple(src_shape), out.strides, dst_off)
+        p.materialize(p.lazy(inner, d), into=dest)
+    return out
+
+
+@lower(aten.repeat.default, family="copy", dtypes=ANY)
+def repeat(p: Planner, node: Any, x: Tensorish, repeats: list[int]) -> Value:
+    meta = p.out_meta()
+    out = p.new_value(tuple(meta.shape), meta.dtype)
+    v = p.value(x)
+    lead = len(repeats) - v.rank
+    shape = (1,) * lead + v.shape
+    strides = (0,) * lead + v.strides
+    # view out as (r0, s0, r1, s1, ...): repetition k of dim i is the (k, :) slab
+    inter_shape: list[int] = []
+    src_strides: list[int] = []
+    for r, s, st in zip(repeats, shape, strides, strict=True):
+        inter_shape += [r, s]
+        src_strides += [0, st]
+    if out.numel:
+        dest = out.with_view(tuple(inter_shape), contiguous_strides(tuple(inter_shape)), out.offset)
+        src = v.with_view(tuple(inter_shape), tuple(src_strides), v.offset)
+        p.materialize(p.lazy(src, domain_of(out.dtype)), into=dest)
+    return out

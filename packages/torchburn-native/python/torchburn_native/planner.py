@@ -1,0 +1,365 @@
+"""Turns a region's ATen graph, at concrete input sizes, into a flat program for the Rust runtime.
+
+One pass over the nodes: each node's lowering (``lowering/``) returns a ``Value`` (memory) or a ``Lazy``
+(an elementwise expression). Lazies are fused into their consumers and written to memory only when
+something needs memory: a non-elementwise consumer, a second user, or a region output. Then the memory
+plan places every intermediate in one arena by liveness, and buffers that end up as region outputs are
+written straight into the output tensors the caller allocates.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+from .values import (
+    DTYPE_NAMES,
+    Buffer,
+    Domain,
+    Lazy,
+    Tensorish,
+    Value,
+    contiguous_strides,
+    domain_of,
+    numel,
+)
+
+ARENA_ALIGN = 64  # cache line: no two buffers share one, and SIMD loads stay aligned
+
+
+class PlanError(Exception):
+    """A node the engine accepted turned out not to be plannable at these sizes (a bug or a gap)."""
+
+
+Lowering = Callable[..., Any]
+LOWERINGS: dict[Any, Lowering] = {}
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class PlannedProgram:
+    plan_json: str
+    in_bytes: list[int]
+    out_specs: list[OutputSpec]
+    out_bytes: list[int]
+    n_instrs: int
+
+
+def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(torch.broadcast_shapes(*shapes))
+
+
+def broadcast_strides(value: Value, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides that read ``value`` as if expanded to ``shape`` (0 on broadcast dimensions)."""
+    lead = len(shape) - value.rank
+    strides = [0] * lead
+    for size, vsize, vstride in zip(shape[lead:], value.shape, value.strides, strict=True):
+        strides.append(0 if vsize == 1 and size != 1 else vstride)
+    return tuple(strides)
+
+
+def coalesce(shape: tuple[int, ...], stride_sets: list[tuple[int, ...]]) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+    """Merge adjacent dimensions that every operand walks as one (fewer, longer runs in the kernel)."""
+    if not shape:
+        return (1,), [(0,) for _ in stride_sets]
+    dims = [i for i, s in enumerate(shape) if s != 1] or [len(shape) - 1]
+    out_shape = [shape[dims[0]]]
+    out_strides = [[st[dims[0]]] for st in stride_sets]
+    for d in dims[1:]:
+        mergeable = all(o[-1] == st[d] * shape[d] for o, st in zip(out_strides, stride_sets, strict=True))
+        if mergeable:
+            out_shape[-1] *= shape[d]
+            for o, st in zip(out_strides, stride_sets, strict=True):
+                o[-1] = st[d]
+        else:
+            out_shape.append(shape[d])
+            for o, st in zip(out_strides, stride_sets, strict=True):
+                o.append(st[d])
+    return tuple(out_shape), [tuple(o) for o in out_strides]
+
+
+class Planner:
+    def __init__(self, gm: torch.fx.GraphModule, args: Sequence[Any]) -> None:
+        self.gm = gm
+        self.args = list(args)
+        self.instrs: list[dict[str, Any]] = []
+        self.buffers: list[Buffer] = []
+        self.env: dict[torch.fx.Node, Any] = {}
+        self.meta_env: dict[torch.fx.Node, Any] = {}
+        self.producer: dict[int, int] = {}  # id(Buffer) -> index of the instruction that wrote it
+        self.current: torch.fx.Node | None = None
+        self.in_bytes: list[int] = []
+
+    # ---- buffers -------------------------------------------------------------------------------
+    def new_value(self, shape: Sequence[int], dtype: torch.dtype) -> Value:
+        shape = tuple(int(s) for s in shape)
+        nbytes = max(numel(shape), 1) * _itemsize(dtype)
+        buf = Buffer("tmp", len(self.buffers), nbytes)
+        self.buffers.append(buf)
+        return Value(buf, dtype, shape, contiguous_strides(shape))
+
+    def emit(self, instr: dict[str, Any], reads: Sequence[Value | None], writes: Sequence[Value | None]) -> int:
+        index = len(self.instrs)
+        for v in (*reads, *writes):
+            if v is not None:
+                v.buffer.touch(index)
+        for v in writes:
+            if v is not None:
+                self.producer[id(v.buffer)] = index
+        self.instrs.append(instr)
+        return index
+
+    # ---- lazy expressions ----------------------------------------------------------------------
+    def lazy(self, x: Tensorish | float | int | bool, domain: Domain) -> Lazy:
+        """``x`` as an operand of an expression computed in ``domain``."""
+        if isinstance(x, Lazy):
+            if x.domain == domain:
+                return x
+            x = self.materialize(x)
+        if isinstance(x, Value):
+            return Lazy("load", (x,), x.dtype, x.shape, domain)
+        if isinstance(x, bool):
+            return Lazy("const", (int(x),), torch.bool, (), domain)
+        if isinstance(x, int):
+            return Lazy("const", (x,), torch.int64, (), domain)
+        if isinstance(x, float):
+            return Lazy("const", (x,), torch.float32, (), domain)
+        raise PlanError(f"cannot use {type(x).__name__} as a tensor operand")
+
+    def value(self, x: Tensorish) -> Value:
+        return x if isinstance(x, Value) else self.materialize(x)
+
+    def contiguous(self, x: Tensorish, dtype: torch.dtype | None = None) -> Value:
+        """``x`` as a contiguous Value of ``dtype`` (copying or converting only when it is not already)."""
+        dtype = dtype or x.dtype
+        if isinstance(x, Value) and x.is_contiguous and x.dtype == dtype:
+            return x
+        return self.materialize(self.lazy(x, domain_of(dtype)), dtype=dtype)
+
+    def materialize(self, expr: Lazy, dtype: torch.dtype | None = None, into: Value | None = None) -> Value:
+        """Write an expression to memory with one fused elementwise instruction."""
+        if expr.op == "load" and into is None and dtype in (None, expr.args[0].dtype):
+            return expr.args[0]  # type: ignore[no-any-return]
+        dtype = dtype or expr.dtype
+        out = into if into is not None else self.new_value(expr.shape, dtype)
+        shape = out.shape
+        code: list[dict[str, Any]] = []
+        loads: list[Value] = []
+        load_index: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], int] = {}
+        memo: dict[int, int] = {}
+
+        def reg(node: Lazy) -> int:
+            if id(node) in memo:
+                return memo[id(node)]
+            if node.op == "load":
+                v: Value = node.args[0]
+                key = (id(v.buffer), v.offset, v.shape, v.strides)
+                if key not in load_index:
+                    load_index[key] = len(loads)
+                    loads.append(v)
+                r = len(memo)
+                code.append({"op": "load", "d": r, "input": load_index[key]})
+            elif node.op == "const":
+                c = node.args[0]
+                r = len(memo)
+                ivalue = int(c) if isinstance(c, (int, bool)) or float(c).is_integer() and abs(c) < 2**63 else 0
+                code.append({"op": "const", "d": r, "value": float(c), "ivalue": ivalue})
+            elif node.op == "iota":
+                r = len(memo)
+                code.append({"op": "iota", "d": r})
+            elif node.op == "unary":
+                a = reg(node.args[1])
+                r = len(memo)
+                code.append({"op": "unary", "d": r, "f": node.args[0], "a": a})
+            elif node.op == "binary":
+                a = reg(node.args[1])
+                b = reg(node.args[2])
+                r = len(memo)
+                code.append({"op": "binary", "d": r, "f": node.args[0], "a": a, "b": b})
+            elif node.op == "where":
+                c_, a, b = (reg(x) for x in node.args)
+                r = len(memo)
+                code.append({"op": "where", "d": r, "c": c_, "a": a, "b": b})
+            else:
+                raise PlanError(f"unknown expression op {node.op}")
+            memo[id(node)] = r
+            return r
+
+        result = reg(expr)
+        code.append({"op": "store", "a": result, "output": 0})
+        stride_sets = [broadcast_strides(v, shape) for v in loads] + [out.strides]
+        iter_shape, coalesced = coalesce(shape, stride_sets)
+        if any(c["op"] == "iota" for c in code) and (len(iter_shape) != 1 or not out.is_contiguous):
+            raise PlanError("iota (arange) is only planned as its own 1-D contiguous instruction")
+        inputs = [v.operand(iter_shape, st) for v, st in zip(loads, coalesced[:-1], strict=True)]
+        output = out.operand(iter_shape, coalesced[-1])
+        instr = {
+            "kind": "elementwise",
+            "domain": expr.domain,
+            "shape": list(iter_shape),
+            "inputs": inputs,
+            "outputs": [output],
+            "code": code,
+            "nregs": len(memo),
+        }
+        self.emit(instr, loads, [out])
+        return out
+
+    # ---- the pass over the graph ---------------------------------------------------------------
+    def meta_of(self, node: torch.fx.Node) -> Any:
+        return self.meta_env[node]
+
+    def run(self) -> PlannedProgram:
+        graph = self.gm.graph
+        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        tensor_inputs = 0
+        for node, arg in zip(placeholders, self.args, strict=True):
+            if isinstance(arg, torch.Tensor):
+                if arg.dtype not in DTYPE_NAMES:
+                    raise PlanError(f"input dtype {arg.dtype} not supported")
+                extent = _extent(arg.shape, arg.stride())
+                buf = Buffer("in", tensor_inputs, extent * arg.element_size())
+                self.in_bytes.append(buf.nbytes)
+                tensor_inputs += 1
+                self.env[node] = Value(buf, arg.dtype, tuple(arg.shape), tuple(arg.stride()), 0)
+                self.meta_env[node] = torch.empty_strided(arg.shape, arg.stride(), dtype=arg.dtype, device="meta")
+            else:
+                self.env[node] = arg
+                self.meta_env[node] = arg
+        output_node = next(n for n in graph.nodes if n.op == "output")
+        self.output_users = {n for n in output_node.all_input_nodes}
+        for node in graph.nodes:
+            if node.op in ("placeholder", "output"):
+                continue
+            self.current = node
+            self.meta_env[node] = self._meta(node)
+            self.env[node] = self._lower(node)
+        results = output_node.args[0]
+        return self._finish(list(results) if isinstance(results, (tuple, list)) else [results])
+
+    def _meta(self, node: torch.fx.Node) -> Any:
+        if node.target is operator.getitem:
+            seq, idx = node.args
+            return self.meta_env[seq][idx]  # type: ignore[index]
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.meta_env[n])
+        return node.target(*args, **kwargs)  # type: ignore[operator]
+
+    def _lower(self, node: torch.fx.Node) -> Any:
+        if node.target is operator.getitem:
+            seq, idx = node.args
+            return self.env[seq][idx]  # type: ignore[index]
+        fn = LOWERINGS.get(node.target)
+        if fn is None:
+            raise PlanError(f"no lowering for {node.target}")
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.env[n])
+        result = fn(self, node, *args, **kwargs)
+        # a Lazy with several users (or that leaves the region) is computed once, not per user
+        if isinstance(result, Lazy) and (len(node.users) > 1 or node in self.output_users):
+            result = self.materialize(result)
+        return result
+
+    def out_meta(self, index: int | None = None) -> Any:
+        assert self.current is not None
+        m = self.meta_env[self.current]
+        return m if index is None else m[index]
+
+    # ---- outputs and memory plan ---------------------------------------------------------------
+    def _finish(self, results: list[Any]) -> PlannedProgram:
+        out_specs: list[OutputSpec] = []
+        claimed: set[int] = set()
+        for j, r in enumerate(results):
+            if not isinstance(r, torch.fx.Node):
+                raise PlanError("region outputs must be tensors")
+            v = self.env[r]
+            if isinstance(v, Lazy):
+                v = self.materialize(v)
+            if not isinstance(v, Value):
+                raise PlanError(f"region output {r} is not a tensor")
+            out_specs.append(OutputSpec(v.shape, v.dtype))
+            buf = v.buffer
+            whole = v.offset == 0 and v.is_contiguous and buf.nbytes == max(v.numel, 1) * _itemsize(v.dtype)
+            if buf.kind == "tmp" and whole and id(buf) not in claimed:
+                # the intermediate becomes the output tensor itself: written in place, no copy
+                buf.kind, buf.index = "out", j
+                claimed.add(id(buf))
+            else:
+                dest = Value(Buffer("out", j, max(v.numel, 1) * _itemsize(v.dtype)), v.dtype, v.shape, contiguous_strides(v.shape))
+                self.materialize(self.lazy(v, domain_of(v.dtype)), into=dest)
+        arena = self._place_tmp_buffers()
+        plan = {
+            "n_inputs": len(self.in_bytes),
+            "n_outputs": len(out_specs),
+            "arena_bytes": arena,
+            "instrs": self.instrs,
+        }
+        text = json.dumps(plan, default=_json_default, separators=(",", ":"))
+        out_bytes = [max(numel(s.shape), 1) * _itemsize(s.dtype) for s in out_specs]
+        return PlannedProgram(text, self.in_bytes, out_specs, out_bytes, len(self.instrs))
+
+    def _place_tmp_buffers(self) -> int:
+        """Greedy best-fit by size: buffers whose lifetimes overlap never share bytes."""
+        tmps = [b for b in self.buffers if b.kind == "tmp" and b.first_use >= 0]
+        placed: list[Buffer] = []
+        arena = 0
+        for buf in sorted(tmps, key=lambda b: -b.nbytes):
+            size = _align(buf.nbytes)
+            busy = sorted(
+                (p.arena_offset, p.arena_offset + _align(p.nbytes))
+                for p in placed
+                if p.first_use <= buf.last_use and buf.first_use <= p.last_use
+            )
+            offset = 0
+            for lo, hi in busy:
+                if offset + size <= lo:
+                    break
+                offset = max(offset, hi)
+            buf.arena_offset = offset
+            placed.append(buf)
+            arena = max(arena, offset + size)
+        return arena
+
+
+def _align(n: int) -> int:
+    return (n + ARENA_ALIGN - 1) // ARENA_ALIGN * ARENA_ALIGN
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size() if dtype not in _ITEMSIZE else _ITEMSIZE[dtype]
+
+
+_ITEMSIZE = {
+    torch.float32: 4,
+    torch.float64: 8,
+    torch.float16: 2,
+    torch.bfloat16: 2,
+    torch.int64: 8,
+    torch.int32: 4,
+    torch.int16: 2,
+    torch.int8: 1,
+    torch.uint8: 1,
+    torch.bool: 1,
+}
+
+
+def _extent(shape: Sequence[int], strides: Sequence[int]) -> int:
+    """Elements a strided view spans from its first element (0 for an empty tensor)."""
+    if any(s == 0 for s in shape):
+        return 0
+    return 1 + sum((s - 1) * st for s, st in zip(shape, strides, strict=True))
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, Buffer):
+        return obj.to_json()
+    raise TypeError(f"not serializable: {obj!r}")

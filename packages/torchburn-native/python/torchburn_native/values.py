@@ -1,0 +1,136 @@
+"""What the planner manipulates: buffers, strided views of them (``Value``), and deferred elementwise
+expressions (``Lazy``) that are fused into one sweep when something finally needs their memory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+import torch
+
+BufferKind = Literal["in", "out", "tmp"]
+Domain = Literal["f32", "f64", "i64"]
+
+DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.int16: "i16",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.bool: "bool",
+}
+SUPPORTED_DTYPES = frozenset(DTYPE_NAMES)
+FLOAT_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
+
+
+def domain_of(dtype: torch.dtype) -> Domain:
+    """The compute type of the elementwise machine for a storage dtype (halves compute in f32, as eager)."""
+    if dtype == torch.float64:
+        return "f64"
+    if dtype in FLOAT_DTYPES:
+        return "f32"
+    return "i64"
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides: list[int] = []
+    acc = 1
+    for size in reversed(shape):
+        strides.append(acc)
+        acc *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+@dataclass(eq=False)
+class Buffer:
+    """A block of memory: a region input, a region output, or an arena slot placed by the memory plan."""
+
+    kind: BufferKind
+    index: int  # input/output position; for tmp a serial number
+    nbytes: int
+    arena_offset: int = -1
+    first_use: int = -1  # instruction indices, for liveness
+    last_use: int = -1
+
+    def touch(self, instr: int) -> None:
+        if self.first_use < 0:
+            self.first_use = instr
+        self.last_use = max(self.last_use, instr)
+
+    def to_json(self) -> dict[str, int]:
+        if self.kind == "in":
+            return {"In": self.index}
+        if self.kind == "out":
+            return {"Out": self.index}
+        assert self.arena_offset >= 0, "memory plan did not place this buffer"
+        return {"Tmp": self.arena_offset}
+
+
+@dataclass(frozen=True, eq=False)
+class Value:
+    """A strided view of a buffer: what a materialized tensor is during planning."""
+
+    buffer: Buffer
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int = 0
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        return numel(self.shape)
+
+    @property
+    def is_contiguous(self) -> bool:
+        expected = 1
+        for size, stride in reversed(list(zip(self.shape, self.strides, strict=True))):
+            if size != 1 and stride != expected:
+                return False
+            expected *= size
+        return True
+
+    def with_view(self, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> Value:
+        return Value(self.buffer, self.dtype, tuple(shape), tuple(strides), offset)
+
+    def operand(self, shape: tuple[int, ...] | None = None, strides: tuple[int, ...] | None = None) -> dict[str, Any]:
+        return {
+            "buf": self.buffer,  # resolved to JSON after the memory plan
+            "dtype": DTYPE_NAMES[self.dtype],
+            "offset": self.offset,
+            "shape": list(self.shape if shape is None else shape),
+            "strides": list(self.strides if strides is None else strides),
+        }
+
+
+@dataclass(eq=False)
+class Lazy:
+    """An elementwise expression not yet written to memory.
+
+    ``op`` is ``load`` (args: a Value), ``const`` (args: a Python number), ``iota``, ``unary``/``binary``
+    (args: function name then operands) or ``where``. ``shape`` is the broadcast result shape.
+    """
+
+    op: str
+    args: tuple[Any, ...]
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    domain: Domain
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+Tensorish = Union[Value, Lazy]

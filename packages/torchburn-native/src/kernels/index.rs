@@ -1,0 +1,246 @@
+//! Indexing: index_select/embedding, gather, advanced indexing, scatter and index_put.
+//!
+//! These move whole elements, so they work on bytes and serve every dtype. Index values are read as
+//! i64 (int32 indices are widened), negative values wrap as in Python, and an out-of-range index is an
+//! error returned to Python (an IndexError there), never a read outside the tensor.
+
+use rayon::prelude::*;
+
+use super::elementwise::View;
+use super::strided::load_run;
+use crate::plan::DType;
+
+fn wrap(i: i64, size: usize, what: &str) -> Result<isize, String> {
+    let s = size as i64;
+    let j = if i < 0 { i + s } else { i };
+    if j < 0 || j >= s {
+        return Err(format!("{what}: index {i} is out of bounds for dimension of size {size}"));
+    }
+    Ok(j as isize)
+}
+
+/// Reads index element `i` of a contiguous or strided 1-D walk: `offset` is an element offset.
+#[inline]
+unsafe fn index_at(v: &View, offset: isize) -> i64 {
+    let mut x = [0i64; 1];
+    load_run(v.dtype, v.ptr, offset, 1, &mut x);
+    x[0]
+}
+
+#[inline]
+unsafe fn copy_elem(dst: *mut u8, src: *const u8, size: usize) {
+    std::ptr::copy_nonoverlapping(src, dst, size);
+}
+
+fn unravel(mut lin: usize, shape: &[usize], idx: &mut [usize]) {
+    for d in (0..shape.len()).rev() {
+        idx[d] = lin % shape[d];
+        lin /= shape[d];
+    }
+}
+
+fn dot(idx: &[usize], strides: &[isize]) -> isize {
+    idx.iter().zip(strides).map(|(&i, &s)| i as isize * s).sum()
+}
+
+/// `out[o, i, n] = input[o, index[i], n]` for contiguous `input` `[outer, size, inner]` and contiguous `out`.
+///
+/// # Safety
+/// Pointers valid for the given extents; `index` is 1-D with `nidx` elements.
+pub unsafe fn index_select(input: &View, in_shape: &[usize], dim: usize, index: &View, nidx: usize, out: &View) -> Result<(), String> {
+    let esize = input.dtype.size();
+    let outer: usize = in_shape[..dim].iter().product();
+    let size = in_shape[dim];
+    let inner: usize = in_shape[dim + 1..].iter().product();
+    let mut rows = Vec::with_capacity(nidx);
+    for i in 0..nidx {
+        rows.push(wrap(index_at(index, i as isize * index.strides[0]), size, "index_select")?);
+    }
+    let bytes = inner * esize;
+    let (src, dst) = (input.ptr as usize, out.ptr as usize);
+    let job = |k: usize| {
+        let (o, i) = (k / nidx, k % nidx);
+        let s = src + (o * size + rows[i] as usize) * bytes;
+        let d = dst + (o * nidx + i) * bytes;
+        // SAFETY: both ranges are inside their tensors (index checked above) and the tensors are distinct.
+        unsafe { std::ptr::copy_nonoverlapping(s as *const u8, d as *mut u8, bytes) };
+    };
+    if outer * nidx * bytes < (1 << 16) {
+        (0..outer * nidx).for_each(job);
+    } else {
+        (0..outer * nidx).into_par_iter().with_min_len(16).for_each(job);
+    }
+    Ok(())
+}
+
+/// torch.gather: `out[m] = input[m with m[dim] = index[m]]`; `out` contiguous with `shape` (= index's shape).
+///
+/// # Safety
+/// Views valid for their shapes.
+pub unsafe fn gather(input: &View, in_shape: &[usize], index: &View, out: &View, shape: &[usize], dim: usize) -> Result<(), String> {
+    let esize = input.dtype.size();
+    let total: usize = shape.iter().product();
+    let mut idx = vec![0usize; shape.len()];
+    for lin in 0..total {
+        unravel(lin, shape, &mut idx);
+        let j = wrap(index_at(index, dot(&idx, &index.strides)), in_shape[dim], "gather")?;
+        let mut src = dot(&idx, &input.strides);
+        src += (j - idx[dim] as isize) * input.strides[dim];
+        copy_elem(out.ptr.add(lin * esize), input.ptr.offset(src * esize as isize), esize);
+    }
+    Ok(())
+}
+
+/// Advanced indexing with `k` index tensors (broadcast to `bshape`) on consecutive dims `first..first+k`.
+/// `out` is contiguous `in_shape[..first] ++ bshape ++ in_shape[first+k..]`.
+///
+/// # Safety
+/// Views valid for their shapes.
+pub unsafe fn advanced_index(
+    input: &View,
+    in_shape: &[usize],
+    indices: &[View],
+    bshape: &[usize],
+    first: usize,
+    out: &View,
+) -> Result<(), String> {
+    let esize = input.dtype.size();
+    let k = indices.len();
+    let pre = &in_shape[..first];
+    let post = &in_shape[first + k..];
+    let npre: usize = pre.iter().product();
+    let nb: usize = bshape.iter().product();
+    let npost: usize = post.iter().product();
+    let mut pi = vec![0usize; pre.len()];
+    let mut bi = vec![0usize; bshape.len()];
+    let mut qi = vec![0usize; post.len()];
+    let mut lin = 0usize;
+    for p in 0..npre {
+        unravel(p, pre, &mut pi);
+        let pre_off = dot(&pi, &input.strides[..first]);
+        for b in 0..nb {
+            unravel(b, bshape, &mut bi);
+            let mut off = pre_off;
+            for (j, iv) in indices.iter().enumerate() {
+                let v = wrap(index_at(iv, dot(&bi, &iv.strides)), in_shape[first + j], "index")?;
+                off += v * input.strides[first + j];
+            }
+            for q in 0..npost {
+                unravel(q, post, &mut qi);
+                let src = off + dot(&qi, &input.strides[first + k..]);
+                copy_elem(out.ptr.add(lin * esize), input.ptr.offset(src * esize as isize), esize);
+                lin += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Adds or stores one element of `dtype` at `dst` from `src`.
+#[inline]
+unsafe fn put(dtype: DType, dst: *mut u8, src: *const u8, accumulate: bool) {
+    if !accumulate {
+        return copy_elem(dst, src, dtype.size());
+    }
+    match dtype {
+        DType::F32 => *(dst as *mut f32) += *(src as *const f32),
+        DType::F64 => *(dst as *mut f64) += *(src as *const f64),
+        DType::F16 => {
+            let d = dst as *mut half::f16;
+            *d = half::f16::from_f32((*d).to_f32() + (*(src as *const half::f16)).to_f32());
+        }
+        DType::Bf16 => {
+            let d = dst as *mut half::bf16;
+            *d = half::bf16::from_f32((*d).to_f32() + (*(src as *const half::bf16)).to_f32());
+        }
+        DType::I64 => *(dst as *mut i64) = (*(dst as *mut i64)).wrapping_add(*(src as *const i64)),
+        DType::I32 => *(dst as *mut i32) = (*(dst as *mut i32)).wrapping_add(*(src as *const i32)),
+        DType::I16 => *(dst as *mut i16) = (*(dst as *mut i16)).wrapping_add(*(src as *const i16)),
+        DType::I8 => *(dst as *mut i8) = (*(dst as *mut i8)).wrapping_add(*(src as *const i8)),
+        DType::U8 => *dst = (*dst).wrapping_add(*src),
+        DType::Bool => *dst |= *src,
+    }
+}
+
+/// torch.scatter / scatter_add in place on `out`: for every element m of `index` (shape `shape`),
+/// `out[m with m[dim] = index[m]] (+)= src[m]`.
+///
+/// # Safety
+/// Views valid for their shapes; `src` has the same dtype as `out`.
+pub unsafe fn scatter(out: &View, out_shape: &[usize], index: &View, src: &View, shape: &[usize], dim: usize, accumulate: bool) -> Result<(), String> {
+    let esize = out.dtype.size() as isize;
+    let total: usize = shape.iter().product();
+    let mut idx = vec![0usize; shape.len()];
+    for lin in 0..total {
+        unravel(lin, shape, &mut idx);
+        let j = wrap(index_at(index, dot(&idx, &index.strides)), out_shape[dim], "scatter")?;
+        let mut dst = dot(&idx, &out.strides);
+        dst += (j - idx[dim] as isize) * out.strides[dim];
+        let s = dot(&idx, &src.strides);
+        put(out.dtype, out.ptr.offset(dst * esize), src.ptr.offset(s * esize), accumulate);
+    }
+    Ok(())
+}
+
+/// index_put in place on `out`: `out[idx0, ..., idx(k-1), rest...] (+)= values` where the index tensors
+/// (broadcast to `bshape`) address the leading k dims and `values` is broadcast to `bshape ++ rest`.
+///
+/// # Safety
+/// Views valid for their shapes; `values` has the same dtype as `out`.
+pub unsafe fn index_put(out: &View, out_shape: &[usize], indices: &[View], bshape: &[usize], values: &View, accumulate: bool) -> Result<(), String> {
+    let esize = out.dtype.size() as isize;
+    let k = indices.len();
+    let post = &out_shape[k..];
+    let nb: usize = bshape.iter().product();
+    let npost: usize = post.iter().product();
+    let mut bi = vec![0usize; bshape.len()];
+    let mut qi = vec![0usize; post.len()];
+    let nbd = bshape.len();
+    for b in 0..nb {
+        unravel(b, bshape, &mut bi);
+        let mut off = 0isize;
+        for (j, iv) in indices.iter().enumerate() {
+            let v = wrap(index_at(iv, dot(&bi, &iv.strides)), out_shape[j], "index_put")?;
+            off += v * out.strides[j];
+        }
+        for q in 0..npost {
+            unravel(q, post, &mut qi);
+            let dst = off + dot(&qi, &out.strides[k..]);
+            let s = dot(&bi, &values.strides[..nbd]) + dot(&qi, &values.strides[nbd..]);
+            put(out.dtype, out.ptr.offset(dst * esize), values.ptr.offset(s * esize), accumulate);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedding_rows_and_negative_and_bad_index() {
+        let mut w: Vec<f32> = (0..12).map(|i| i as f32).collect(); // 4 rows of 3
+        let mut idx: Vec<i64> = vec![2, 0, -1];
+        let mut out = vec![0f32; 9];
+        let wv = View::new(w.as_mut_ptr() as *mut u8, DType::F32, &[4, 3], &[3, 1]);
+        let iv = View::new(idx.as_mut_ptr() as *mut u8, DType::I64, &[3], &[1]);
+        let ov = View::new(out.as_mut_ptr() as *mut u8, DType::F32, &[3, 3], &[3, 1]);
+        unsafe { index_select(&wv, &[4, 3], 0, &iv, 3, &ov).unwrap() };
+        assert_eq!(out, vec![6.0, 7.0, 8.0, 0.0, 1.0, 2.0, 9.0, 10.0, 11.0]);
+        idx[1] = 4;
+        let err = unsafe { index_select(&wv, &[4, 3], 0, &iv, 3, &ov) }.unwrap_err();
+        assert!(err.contains("index 4 is out of bounds"), "{err}");
+    }
+
+    #[test]
+    fn scatter_add_with_duplicates() {
+        let mut out = vec![0f32; 4];
+        let mut idx: Vec<i64> = vec![1, 1, 3];
+        let mut src = vec![1.0f32, 2.0, 5.0];
+        let ov = View::new(out.as_mut_ptr() as *mut u8, DType::F32, &[4], &[1]);
+        let iv = View::new(idx.as_mut_ptr() as *mut u8, DType::I64, &[3], &[1]);
+        let sv = View::new(src.as_mut_ptr() as *mut u8, DType::F32, &[3], &[1]);
+        unsafe { scatter(&ov, &[4], &iv, &sv, &[3], 0, true).unwrap() };
+        assert_eq!(out, vec![0.0, 3.0, 0.0, 5.0]);
+    }
+}

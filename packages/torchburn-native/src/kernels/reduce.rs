@@ -1,0 +1,262 @@
+//! Reductions over the trailing dimensions of a strided view (sum, mean, prod, max/min, arg*, any/all, var).
+//!
+//! Python permutes the reduced dims to the back (a stride permutation, no copy), so every reduction here
+//! is "for each kept index, fold the trailing block". Floats accumulate in f64 per output element, which
+//! keeps sums of millions of f32 values exact to f32 precision without a cascade.
+
+use rayon::prelude::*;
+
+use super::elementwise::View;
+use super::strided::{for_runs, layout_of, load_run, store_run, Layout};
+use crate::plan::{DType, ReduceKind};
+
+const CHUNK: usize = 1024;
+
+pub struct ReduceArgs<'a> {
+    pub input: &'a View,
+    pub in_shape: &'a [usize],
+    pub kept: usize,
+    pub out: &'a View,
+    pub op: ReduceKind,
+    pub scale: f64,
+    pub correction: f64,
+}
+
+fn is_float(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::F64 | DType::F16 | DType::Bf16)
+}
+
+/// # Safety
+/// `input` must be valid for `in_shape`, `out` for `in_shape[..kept]` (contiguous), and disjoint.
+pub unsafe fn reduce(a: &ReduceArgs<'_>) -> Result<(), String> {
+    let kept_shape = &a.in_shape[..a.kept];
+    let red_shape = &a.in_shape[a.kept..];
+    let kept_strides = &a.input.strides[..a.kept];
+    let red_strides = &a.input.strides[a.kept..];
+    let outer: usize = kept_shape.iter().product();
+    let inner: usize = red_shape.iter().product();
+    if outer == 0 {
+        return Ok(());
+    }
+    if inner == 0 && matches!(a.op, ReduceKind::Max | ReduceKind::Min | ReduceKind::ArgMax | ReduceKind::ArgMin) {
+        return Err(format!("{:?} of an empty dimension has no identity", a.op));
+    }
+    // reduce over a rank-1 view when there is nothing to reduce, so for_runs always has a dimension
+    let (red_shape, red_strides): (Vec<usize>, Vec<isize>) = if red_shape.is_empty() {
+        (vec![1], vec![0])
+    } else {
+        (red_shape.to_vec(), red_strides.to_vec())
+    };
+    let red_layout = layout_of(&red_shape, &red_strides);
+    let float = is_float(a.input.dtype);
+    let one = |o: usize| {
+        // offset of this kept index
+        let mut rem = o;
+        let mut off = 0isize;
+        for d in (0..kept_shape.len()).rev() {
+            off += (rem % kept_shape[d]) as isize * kept_strides[d];
+            rem /= kept_shape[d];
+        }
+        let base = a.input.ptr.offset(off * a.input.dtype.size() as isize);
+        let (fv, iv) = if float {
+            fold_float(a, base, &red_shape, &red_strides, red_layout, inner)
+        } else {
+            fold_int(a, base, &red_shape, &red_strides, red_layout, inner)
+        };
+        let out_ptr = a.out.ptr;
+        match a.out.dtype {
+            DType::I64 if matches!(a.op, ReduceKind::ArgMax | ReduceKind::ArgMin) => {
+                *(out_ptr as *mut i64).add(o) = iv;
+            }
+            dt if is_float(dt) => store_run::<f64>(dt, out_ptr, o as isize, 1, &[fv]),
+            dt => store_run::<i64>(dt, out_ptr, o as isize, 1, &[iv]),
+        }
+    };
+    let cost = outer.saturating_mul(inner.max(1));
+    if cost < (1 << 15) || rayon::current_num_threads() == 1 {
+        (0..outer).for_each(one);
+    } else {
+        let grain = (outer / (rayon::current_num_threads() * 8)).max(1);
+        (0..outer).into_par_iter().with_min_len(grain).for_each(one);
+    }
+    Ok(())
+}
+
+/// Folds one block of a float input; returns (value, index) where index is used by arg* reductions.
+#[inline]
+unsafe fn fold_float(
+    a: &ReduceArgs<'_>,
+    base: *const u8,
+    shape: &[usize],
+    strides: &[isize],
+    layout: Layout,
+    inner: usize,
+) -> (f64, i64) {
+    let mut buf = [0f64; CHUNK];
+    let mut sum = 0.0f64;
+    let mut prod = 1.0f64;
+    let mut best = match a.op {
+        ReduceKind::Max | ReduceKind::ArgMax => f64::NEG_INFINITY,
+        _ => f64::INFINITY,
+    };
+    let mut best_i: i64 = 0;
+    let mut any = false;
+    let mut all = true;
+    let mut found_nan = false;
+    let mut start = 0;
+    // pass 1 (every kind); var needs the mean first, then pass 2 below
+    while start < inner {
+        let n = CHUNK.min(inner - start);
+        let chunk = &mut buf[..n];
+        for_runs(shape, strides, layout, start, n, |pos, off, len, st| {
+            load_run(a.input.dtype, base, off, st, &mut chunk[pos..pos + len]);
+        });
+        match a.op {
+            ReduceKind::Sum | ReduceKind::Var => {
+                let mut lanes = [0f64; 8];
+                let mut it = chunk.chunks_exact(8);
+                for c in &mut it {
+                    for k in 0..8 {
+                        lanes[k] += c[k];
+                    }
+                }
+                sum += lanes.iter().sum::<f64>() + it.remainder().iter().sum::<f64>();
+            }
+            ReduceKind::Prod => chunk.iter().for_each(|&x| prod *= x),
+            ReduceKind::Max | ReduceKind::Min | ReduceKind::ArgMax | ReduceKind::ArgMin => {
+                let max = matches!(a.op, ReduceKind::Max | ReduceKind::ArgMax);
+                for (i, &x) in chunk.iter().enumerate() {
+                    if found_nan {
+                        break;
+                    }
+                    if x.is_nan() {
+                        found_nan = true;
+                        best = x;
+                        best_i = (start + i) as i64;
+                    } else if (max && x > best) || (!max && x < best) || (start + i == 0) {
+                        best = x;
+                        best_i = (start + i) as i64;
+                    }
+                }
+            }
+            ReduceKind::Any => any |= chunk.iter().any(|&x| x != 0.0),
+            ReduceKind::All => all &= chunk.iter().all(|&x| x != 0.0),
+        }
+        start += n;
+    }
+    match a.op {
+        ReduceKind::Sum => (sum * a.scale, 0),
+        ReduceKind::Prod => (prod * a.scale, 0),
+        ReduceKind::Max | ReduceKind::Min | ReduceKind::ArgMax | ReduceKind::ArgMin => (best, best_i),
+        ReduceKind::Any => (any as i64 as f64, any as i64),
+        ReduceKind::All => (all as i64 as f64, all as i64),
+        ReduceKind::Var => {
+            let mean = sum / inner as f64;
+            let mut m2 = 0.0f64;
+            let mut start = 0;
+            while start < inner {
+                let n = CHUNK.min(inner - start);
+                let chunk = &mut buf[..n];
+                for_runs(shape, strides, layout, start, n, |pos, off, len, st| {
+                    load_run(a.input.dtype, base, off, st, &mut chunk[pos..pos + len]);
+                });
+                m2 += chunk.iter().map(|&x| (x - mean) * (x - mean)).sum::<f64>();
+                start += n;
+            }
+            let dof = inner as f64 - a.correction;
+            let var = if dof > 0.0 { m2 / dof } else { f64::NAN };
+            (var * a.scale, 0)
+        }
+    }
+}
+
+#[inline]
+unsafe fn fold_int(
+    a: &ReduceArgs<'_>,
+    base: *const u8,
+    shape: &[usize],
+    strides: &[isize],
+    layout: Layout,
+    inner: usize,
+) -> (f64, i64) {
+    let mut buf = [0i64; CHUNK];
+    let mut acc: i64 = match a.op {
+        ReduceKind::Prod | ReduceKind::All => 1,
+        ReduceKind::Max | ReduceKind::ArgMax => i64::MIN,
+        ReduceKind::Min | ReduceKind::ArgMin => i64::MAX,
+        _ => 0,
+    };
+    let mut best_i = 0i64;
+    let mut start = 0;
+    while start < inner {
+        let n = CHUNK.min(inner - start);
+        let chunk = &mut buf[..n];
+        for_runs(shape, strides, layout, start, n, |pos, off, len, st| {
+            load_run(a.input.dtype, base, off, st, &mut chunk[pos..pos + len]);
+        });
+        for (i, &x) in chunk.iter().enumerate() {
+            match a.op {
+                ReduceKind::Sum | ReduceKind::Var => acc = acc.wrapping_add(x),
+                ReduceKind::Prod => acc = acc.wrapping_mul(x),
+                ReduceKind::Max | ReduceKind::ArgMax => {
+                    if x > acc || start + i == 0 {
+                        acc = x;
+                        best_i = (start + i) as i64;
+                    }
+                }
+                ReduceKind::Min | ReduceKind::ArgMin => {
+                    if x < acc || start + i == 0 {
+                        acc = x;
+                        best_i = (start + i) as i64;
+                    }
+                }
+                ReduceKind::Any => acc |= (x != 0) as i64,
+                ReduceKind::All => acc &= (x != 0) as i64,
+            }
+        }
+        start += n;
+    }
+    match a.op {
+        ReduceKind::ArgMax | ReduceKind::ArgMin => (acc as f64, best_i),
+        // integer sums stay integers; a mean of integers is computed by the planner in float
+        _ => (acc as f64 * a.scale, acc),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sum_over_leading_dim_of_a_matrix_and_argmax_with_nan() {
+        // x: 4×3, reduce over dim 0 → permuted view [3 (kept), 4 (reduced)]
+        let mut x: Vec<f32> = (0..12).map(|i| i as f32).collect();
+        let mut out = vec![0f32; 3];
+        let shape = [3usize, 4];
+        let strides = [1isize, 3];
+        let input = View::new(x.as_mut_ptr() as *mut u8, DType::F32, &shape, &strides);
+        let outv = View::new(out.as_mut_ptr() as *mut u8, DType::F32, &[3], &[1]);
+        let args = ReduceArgs { input: &input, in_shape: &shape, kept: 1, out: &outv, op: ReduceKind::Sum, scale: 1.0, correction: 0.0 };
+        unsafe { reduce(&args).unwrap() };
+        assert_eq!(out, vec![18.0, 22.0, 26.0]);
+
+        x[7] = f32::NAN;
+        let mut idx = vec![0i64; 4];
+        let rows = View::new(x.as_mut_ptr() as *mut u8, DType::F32, &[4, 3], &[3, 1]);
+        let outi = View::new(idx.as_mut_ptr() as *mut u8, DType::I64, &[4], &[1]);
+        let args = ReduceArgs { input: &rows, in_shape: &[4, 3], kept: 1, out: &outi, op: ReduceKind::ArgMax, scale: 1.0, correction: 0.0 };
+        unsafe { reduce(&args).unwrap() };
+        assert_eq!(idx, vec![2, 2, 1, 2]);
+    }
+
+    #[test]
+    fn unbiased_variance() {
+        let mut x: Vec<f64> = vec![1.0, 2.0, 3.0, 4.0];
+        let mut out = vec![0f64; 1];
+        let input = View::new(x.as_mut_ptr() as *mut u8, DType::F64, &[1, 4], &[4, 1]);
+        let outv = View::new(out.as_mut_ptr() as *mut u8, DType::F64, &[1], &[1]);
+        let args = ReduceArgs { input: &input, in_shape: &[1, 4], kept: 1, out: &outv, op: ReduceKind::Var, scale: 1.0, correction: 1.0 };
+        unsafe { reduce(&args).unwrap() };
+        assert!((out[0] - 5.0 / 3.0).abs() < 1e-12);
+    }
+}

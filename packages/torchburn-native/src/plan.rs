@@ -1,0 +1,254 @@
+//! The program format Python sends: buffers, operands (strided views of buffers) and instructions.
+//!
+//! Python does all shape, stride and liveness work once per input signature; the instructions here
+//! carry concrete sizes, so running a program is a walk over a `Vec` with no decisions left.
+
+use serde::Deserialize;
+
+use crate::kernels::elementwise::{Domain, EOp, UnaryFn};
+
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq, Debug)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    F32,
+    F64,
+    F16,
+    Bf16,
+    I64,
+    I32,
+    I16,
+    I8,
+    U8,
+    Bool,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::F64 | DType::I64 => 8,
+            DType::F32 | DType::I32 => 4,
+            DType::F16 | DType::Bf16 | DType::I16 => 2,
+            DType::I8 | DType::U8 | DType::Bool => 1,
+        }
+    }
+}
+
+/// Where an operand's memory lives: a region input, a region output, or the scratch arena (byte offset).
+#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Buf {
+    In(usize),
+    Out(usize),
+    Tmp(usize),
+}
+
+/// A strided view: element offset, sizes and element strides (0 for a broadcast dimension).
+#[derive(Deserialize, Clone, Debug)]
+pub struct Operand {
+    pub buf: Buf,
+    pub dtype: DType,
+    #[serde(default)]
+    pub offset: isize,
+    pub shape: Vec<usize>,
+    pub strides: Vec<isize>,
+}
+
+impl Operand {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn is_contiguous(&self) -> bool {
+        let mut expected = 1isize;
+        for (&size, &stride) in self.shape.iter().zip(&self.strides).rev() {
+            if size != 1 && stride != expected {
+                return false;
+            }
+            expected *= size as isize;
+        }
+        true
+    }
+}
+
+#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ReduceKind {
+    Sum,
+    Prod,
+    Max,
+    Min,
+    ArgMax,
+    ArgMin,
+    Any,
+    All,
+    /// variance with `correction` (Bessel's when 1)
+    Var,
+}
+
+#[derive(Deserialize, Clone, Debug)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Instr {
+    /// A fused chain of elementwise ops over one iteration shape: one sweep over memory.
+    Elementwise {
+        domain: Domain,
+        shape: Vec<usize>,
+        inputs: Vec<Operand>,
+        outputs: Vec<Operand>,
+        code: Vec<EOp>,
+        nregs: usize,
+    },
+    /// `out[b] = alpha · a[b] @ b[b] + beta · bias` then an optional activation, for every batch b.
+    /// Operands are 3-D `[batch, rows, cols]` with strides (batch stride 0 broadcasts).
+    Matmul {
+        a: Operand,
+        b: Operand,
+        out: Operand,
+        bias: Option<Operand>,
+        alpha: f64,
+        beta: f64,
+        act: Option<UnaryFn>,
+    },
+    /// Reduce the trailing `input.shape.len() - kept` dims of `input` into the contiguous `out`.
+    Reduce {
+        input: Operand,
+        out: Operand,
+        kept: usize,
+        op: ReduceKind,
+        #[serde(default = "one")]
+        scale: f64,
+        #[serde(default)]
+        correction: f64,
+    },
+    Softmax {
+        input: Operand,
+        out: Operand,
+        outer: usize,
+        n: usize,
+        inner: usize,
+        log: bool,
+    },
+    LayerNorm {
+        input: Operand,
+        weight: Option<Operand>,
+        bias: Option<Operand>,
+        out: Operand,
+        mean: Option<Operand>,
+        rstd: Option<Operand>,
+        rows: usize,
+        n: usize,
+        eps: f64,
+    },
+    RmsNorm {
+        input: Operand,
+        weight: Option<Operand>,
+        out: Operand,
+        rows: usize,
+        n: usize,
+        eps: f64,
+    },
+    GroupNorm {
+        input: Operand,
+        weight: Option<Operand>,
+        bias: Option<Operand>,
+        out: Operand,
+        mean: Option<Operand>,
+        rstd: Option<Operand>,
+        n: usize,
+        c: usize,
+        hw: usize,
+        groups: usize,
+        eps: f64,
+    },
+    Sdpa {
+        q: Operand,
+        k: Operand,
+        v: Operand,
+        mask: Option<Operand>,
+        out: Operand,
+        lse: Option<Operand>,
+        causal: bool,
+        scale: f64,
+    },
+    Conv2d {
+        input: Operand,
+        weight: Operand,
+        bias: Option<Operand>,
+        out: Operand,
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
+        groups: usize,
+        transposed: bool,
+        output_padding: [usize; 2],
+    },
+    MaxPool2d {
+        input: Operand,
+        out: Operand,
+        indices: Option<Operand>,
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
+    },
+    AvgPool2d {
+        input: Operand,
+        out: Operand,
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        count_include_pad: bool,
+        divisor_override: Option<i64>,
+    },
+    AdaptiveAvgPool2d {
+        input: Operand,
+        out: Operand,
+    },
+    /// `out = input.index_select(dim, index)` on a `[outer, size, inner]` view (embedding: outer = 1).
+    IndexSelect {
+        input: Operand,
+        index: Operand,
+        out: Operand,
+        dim: usize,
+    },
+    /// `out[i] = input[..., index[i], ...]` along `dim`; index has out's shape (torch.gather).
+    Gather {
+        input: Operand,
+        index: Operand,
+        out: Operand,
+        dim: usize,
+    },
+    /// Advanced indexing: `out = input[..., idx0, idx1, ..., ...]` with the indexed dims consecutive
+    /// starting at `first`; every index operand is already broadcast to the common index shape.
+    Index {
+        input: Operand,
+        indices: Vec<Operand>,
+        out: Operand,
+        first: usize,
+    },
+    /// In place on `out` (already holding a copy of the destination): `out[..index..] = / += src`.
+    Scatter {
+        out: Operand,
+        index: Operand,
+        src: Operand,
+        dim: usize,
+        accumulate: bool,
+    },
+    /// In place on `out`: `out[idx0, idx1, ...] = / += values` (index_put); indices broadcast already.
+    IndexPut {
+        out: Operand,
+        indices: Vec<Operand>,
+        values: Operand,
+        accumulate: bool,
+    },
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+#[derive(Deserialize, Clone, Debug)]
+pub struct Plan {
+    pub n_inputs: usize,
+    pub n_outputs: usize,
+    pub arena_bytes: usize,
+    pub instrs: Vec<Instr>,
+}

@@ -1,0 +1,664 @@
+//! A compiled region: a validated [`Plan`] plus a pool of scratch arenas, run with one call.
+//!
+//! Inputs and outputs are the caller's tensors, passed as raw data pointers (their storage offsets
+//! already applied), so nothing is copied at the boundary. Intermediates live in an arena laid out by
+//! Python's memory plan; each concurrent caller takes its own arena from the pool, so one compiled
+//! model can run from several threads at once.
+
+use std::sync::Mutex;
+
+use crate::kernels::elementwise::{self, apply_unary_inplace, BinaryFn, Domain, EOp, View};
+use crate::kernels::gemm::{gemm, GemmScalar, Mat, MatMut};
+use crate::kernels::{attention, conv, index, norm, pool, reduce, softmax};
+use crate::plan::{Buf, DType, Instr, Operand, Plan};
+
+pub struct Program {
+    plan: Plan,
+    in_bytes: Vec<usize>,
+    out_bytes: Vec<usize>,
+    arenas: Mutex<Vec<Vec<u64>>>,
+}
+
+/// Base pointers of one run.
+struct Frame<'a> {
+    ins: &'a [usize],
+    outs: &'a [usize],
+    arena: *mut u8,
+}
+
+impl Frame<'_> {
+    fn ptr(&self, op: &Operand) -> *mut u8 {
+        let base = match op.buf {
+            Buf::In(i) => self.ins[i] as *mut u8,
+            Buf::Out(i) => self.outs[i] as *mut u8,
+            // SAFETY: validated against arena_bytes in Program::new
+            Buf::Tmp(off) => unsafe { self.arena.add(off) },
+        };
+        // SAFETY: offset validated against the buffer's size in Program::new
+        unsafe { base.offset(op.offset * op.dtype.size() as isize) }
+    }
+
+    fn view(&self, op: &Operand) -> View {
+        View::new(self.ptr(op), op.dtype, &op.shape, &op.strides)
+    }
+
+    /// The operand as a typed slice; only for operands validated contiguous.
+    unsafe fn slice<T>(&self, op: &Operand) -> &[T] {
+        std::slice::from_raw_parts(self.ptr(op) as *const T, op.numel())
+    }
+
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice_mut<T>(&self, op: &Operand) -> &mut [T] {
+        std::slice::from_raw_parts_mut(self.ptr(op) as *mut T, op.numel())
+    }
+}
+
+fn check_operand(op: &Operand, in_bytes: &[usize], out_bytes: &[usize], arena: usize) -> Result<(), String> {
+    if op.shape.len() != op.strides.len() || op.shape.len() > crate::kernels::strided::MAX_RANK {
+        return Err(format!("operand rank mismatch or too large: {op:?}"));
+    }
+    let (limit, start) = match op.buf {
+        Buf::In(i) => (*in_bytes.get(i).ok_or("input index out of range")?, 0usize),
+        Buf::Out(i) => (*out_bytes.get(i).ok_or("output index out of range")?, 0),
+        Buf::Tmp(off) => (arena, off),
+    };
+    if op.numel() == 0 {
+        return Ok(());
+    }
+    let mut lo = op.offset;
+    let mut hi = op.offset;
+    for (&n, &s) in op.shape.iter().zip(&op.strides) {
+        let span = (n as isize - 1) * s;
+        if span < 0 {
+            lo += span;
+        } else {
+            hi += span;
+        }
+    }
+    let es = op.dtype.size() as isize;
+    if lo < 0 || start as isize + (hi + 1) * es > limit as isize {
+        return Err(format!("operand reaches outside its buffer ({limit} bytes): {op:?}"));
+    }
+    Ok(())
+}
+
+fn require_contiguous(op: &Operand, what: &str, dtypes: &[DType]) -> Result<(), String> {
+    if !op.is_contiguous() {
+        return Err(format!("{what}: operand must be contiguous"));
+    }
+    if !dtypes.contains(&op.dtype) {
+        return Err(format!("{what}: dtype {:?} not in {dtypes:?}", op.dtype));
+    }
+    Ok(())
+}
+
+const FLOATS: &[DType] = &[DType::F32, DType::F64];
+const F32: &[DType] = &[DType::F32];
+
+impl Program {
+    pub fn new(json: &str, in_bytes: Vec<usize>, out_bytes: Vec<usize>) -> Result<Program, String> {
+        let plan: Plan = serde_json::from_str(json).map_err(|e| format!("malformed program: {e}"))?;
+        if plan.n_inputs != in_bytes.len() || plan.n_outputs != out_bytes.len() {
+            return Err("program inputs/outputs do not match the buffers given".into());
+        }
+        let program = Program { plan, in_bytes, out_bytes, arenas: Mutex::new(Vec::new()) };
+        program.validate()?;
+        Ok(program)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let chk = |op: &Operand| check_operand(op, &self.in_bytes, &self.out_bytes, self.plan.arena_bytes);
+        for ins in &self.plan.instrs {
+            match ins {
+                Instr::Elementwise { shape, inputs, outputs, code, nregs, .. } => {
+                    for op in inputs.iter().chain(outputs) {
+                        chk(op)?;
+                        if &op.shape != shape {
+                            return Err("elementwise operand shape differs from iteration shape".into());
+                        }
+                    }
+                    if shape.is_empty() {
+                        return Err("elementwise iteration needs rank >= 1".into());
+                    }
+                    elementwise::validate(code, *nregs, inputs.len(), outputs.len())?;
+                }
+                Instr::Matmul { a, b, out, bias, .. } => {
+                    for op in [a, b, out].into_iter().chain(bias) {
+                        chk(op)?;
+                        if op.shape.len() != 3 || !FLOATS.contains(&op.dtype) || op.dtype != out.dtype {
+                            return Err("matmul operands must be 3-D f32/f64 of one dtype".into());
+                        }
+                    }
+                    if a.shape[2] != b.shape[1] || a.shape[1] != out.shape[1] || b.shape[2] != out.shape[2] {
+                        return Err("matmul shapes do not agree".into());
+                    }
+                    if a.shape[0] != out.shape[0] || b.shape[0] != out.shape[0] {
+                        return Err("matmul batch sizes do not agree".into());
+                    }
+                }
+                Instr::Reduce { input, out, kept, .. } => {
+                    chk(input)?;
+                    chk(out)?;
+                    if !out.is_contiguous() || *kept > input.shape.len() {
+                        return Err("reduce output must be contiguous".into());
+                    }
+                }
+                Instr::Softmax { input, out, outer, n, inner, .. } => {
+                    for op in [input, out] {
+                        chk(op)?;
+                        require_contiguous(op, "softmax", FLOATS)?;
+                        if op.numel() != outer * n * inner {
+                            return Err("softmax extent mismatch".into());
+                        }
+                    }
+                }
+                Instr::LayerNorm { input, weight, bias, out, mean, rstd, rows, n, .. } => {
+                    for op in [input, out] {
+                        chk(op)?;
+                        require_contiguous(op, "layer_norm", FLOATS)?;
+                        if op.numel() != rows * n {
+                            return Err("layer_norm extent mismatch".into());
+                        }
+                    }
+                    for op in [weight, bias].into_iter().flatten() {
+                        chk(op)?;
+                        require_contiguous(op, "layer_norm weight", &[input.dtype])?;
+                        if op.numel() != *n {
+                            return Err("layer_norm weight size mismatch".into());
+                        }
+                    }
+                    for op in [mean, rstd].into_iter().flatten() {
+                        chk(op)?;
+                        require_contiguous(op, "layer_norm stats", &[input.dtype])?;
+                        if op.numel() != *rows {
+                            return Err("layer_norm stats size mismatch".into());
+                        }
+                    }
+                }
+                Instr::RmsNorm { input, weight, out, rows, n, .. } => {
+                    for op in [input, out] {
+                        chk(op)?;
+                        require_contiguous(op, "rms_norm", FLOATS)?;
+                        if op.numel() != rows * n {
+                            return Err("rms_norm extent mismatch".into());
+                        }
+                    }
+                    if let Some(w) = weight {
+                        chk(w)?;
+                        require_contiguous(w, "rms_norm weight", &[input.dtype])?;
+                        if w.numel() != *n {
+                            return Err("rms_norm weight size mismatch".into());
+                        }
+                    }
+                }
+                Instr::GroupNorm { input, weight, bias, out, mean, rstd, n, c, hw, groups, .. } => {
+                    for op in [input, out] {
+                        chk(op)?;
+                        require_contiguous(op, "group_norm", FLOATS)?;
+                        if op.numel() != n * c * hw {
+                            return Err("group_norm extent mismatch".into());
+                        }
+                    }
+                    for op in [weight, bias].into_iter().flatten() {
+                        chk(op)?;
+                        require_contiguous(op, "group_norm weight", &[input.dtype])?;
+                        if op.numel() != *c {
+                            return Err("group_norm weight size mismatch".into());
+                        }
+                    }
+                    for op in [mean, rstd].into_iter().flatten() {
+                        chk(op)?;
+                        require_contiguous(op, "group_norm stats", &[input.dtype])?;
+                        if op.numel() != n * groups {
+                            return Err("group_norm stats size mismatch".into());
+                        }
+                    }
+                    if *groups == 0 || c % groups != 0 {
+                        return Err("group_norm: channels must divide into groups".into());
+                    }
+                }
+                Instr::Sdpa { q, k, v, mask, out, lse, .. } => {
+                    for op in [q, k, v, out] {
+                        chk(op)?;
+                        require_contiguous(op, "sdpa", F32)?;
+                        if op.shape.len() != 4 {
+                            return Err("sdpa operands must be 4-D".into());
+                        }
+                    }
+                    let (b, h, tq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+                    let (tk, dv) = (k.shape[2], v.shape[3]);
+                    if k.shape != [b, h, tk, d] || v.shape != [b, h, tk, dv] || out.shape != [b, h, tq, dv] {
+                        return Err("sdpa shapes do not agree".into());
+                    }
+                    if let Some(m) = mask {
+                        chk(m)?;
+                        if m.shape != [b, h, tq, tk] || !matches!(m.dtype, DType::F32 | DType::Bool) {
+                            return Err("sdpa mask must be f32 or bool, broadcast to [b, h, tq, tk]".into());
+                        }
+                        if m.strides.iter().any(|&s| s < 0) {
+                            return Err("sdpa mask strides must be non-negative".into());
+                        }
+                    }
+                    if let Some(l) = lse {
+                        chk(l)?;
+                        require_contiguous(l, "sdpa lse", F32)?;
+                        if l.numel() != b * h * tq {
+                            return Err("sdpa lse size mismatch".into());
+                        }
+                    }
+                }
+                Instr::Conv2d { input, weight, bias, out, groups, .. } => {
+                    for op in [input, weight, out] {
+                        chk(op)?;
+                        require_contiguous(op, "conv2d", &[input.dtype])?;
+                        require_contiguous(op, "conv2d", FLOATS)?;
+                        if op.shape.len() != 4 {
+                            return Err("conv2d operands must be 4-D".into());
+                        }
+                    }
+                    if let Some(b) = bias {
+                        chk(b)?;
+                        require_contiguous(b, "conv2d bias", &[input.dtype])?;
+                    }
+                    if *groups == 0 {
+                        return Err("conv2d: groups must be positive".into());
+                    }
+                }
+                Instr::MaxPool2d { input, out, indices, .. } => {
+                    for op in [input, out] {
+                        chk(op)?;
+                        require_contiguous(op, "max_pool2d", FLOATS)?;
+                        if op.shape.len() != 4 {
+                            return Err("max_pool2d operands must be 4-D".into());
+                        }
+                    }
+                    if let Some(i) = indices {
+                        chk(i)?;
+                        require_contiguous(i, "max_pool2d indices", &[DType::I64])?;
+                    }
+                }
+                Instr::AvgPool2d { input, out, .. } | Instr::AdaptiveAvgPool2d { input, out } => {
+                    for op in [input, out] {
+                        chk(op)?;
+                        require_contiguous(op, "avg_pool2d", FLOATS)?;
+                        if op.shape.len() != 4 {
+                            return Err("avg_pool2d operands must be 4-D".into());
+                        }
+                    }
+                }
+                Instr::IndexSelect { input, index, out, dim } => {
+                    chk(input)?;
+                    chk(index)?;
+                    chk(out)?;
+                    require_contiguous(input, "index_select", &[input.dtype])?;
+                    require_contiguous(out, "index_select", &[input.dtype])?;
+                    if index.shape.len() != 1 || *dim >= input.shape.len().max(1) {
+                        return Err("index_select: 1-D index and a valid dim required".into());
+                    }
+                }
+                Instr::Gather { input, index, out, dim } => {
+                    for op in [input, index, out] {
+                        chk(op)?;
+                    }
+                    require_contiguous(out, "gather", &[input.dtype])?;
+                    if index.shape != out.shape || *dim >= input.shape.len() || input.shape.len() != out.shape.len() {
+                        return Err("gather: index/out shapes or dim invalid".into());
+                    }
+                }
+                Instr::Index { input, indices, out, first } => {
+                    chk(input)?;
+                    chk(out)?;
+                    require_contiguous(out, "index", &[input.dtype])?;
+                    for i in indices {
+                        chk(i)?;
+                    }
+                    if indices.is_empty() || first + indices.len() > input.shape.len() {
+                        return Err("index: bad index dims".into());
+                    }
+                }
+                Instr::Scatter { out, index, src, dim, .. } => {
+                    for op in [out, index, src] {
+                        chk(op)?;
+                    }
+                    if src.dtype != out.dtype || *dim >= out.shape.len() || src.shape != index.shape {
+                        return Err("scatter: operands disagree".into());
+                    }
+                }
+                Instr::IndexPut { out, indices, values, .. } => {
+                    chk(out)?;
+                    chk(values)?;
+                    for i in indices {
+                        chk(i)?;
+                    }
+                    if values.dtype != out.dtype || indices.is_empty() || indices.len() > out.shape.len() {
+                        return Err("index_put: operands disagree".into());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn n_inputs(&self) -> usize {
+        self.plan.n_inputs
+    }
+
+    pub fn n_outputs(&self) -> usize {
+        self.plan.n_outputs
+    }
+
+    /// Runs the program.
+    ///
+    /// # Safety
+    /// `ins[i]` / `outs[i]` must point to at least `in_bytes[i]` / `out_bytes[i]` valid bytes, laid out
+    /// as the plan describes, with outputs not overlapping inputs.
+    pub unsafe fn run(&self, ins: &[usize], outs: &[usize]) -> Result<(), String> {
+        if ins.len() != self.plan.n_inputs || outs.len() != self.plan.n_outputs {
+            return Err(format!(
+                "program takes {} inputs and {} outputs, got {} and {}",
+                self.plan.n_inputs,
+                self.plan.n_outputs,
+                ins.len(),
+                outs.len()
+            ));
+        }
+        let words = self.plan.arena_bytes.div_ceil(8);
+        let mut arena = self.arenas.lock().map_err(|_| "arena pool poisoned")?.pop().unwrap_or_default();
+        if arena.len() < words {
+            arena = vec![0u64; words];
+        }
+        let frame = Frame { ins, outs, arena: arena.as_mut_ptr() as *mut u8 };
+        let result = self.plan.instrs.iter().try_for_each(|i| exec(&frame, i));
+        if let Ok(mut pool) = self.arenas.lock() {
+            pool.push(arena);
+        }
+        result
+    }
+}
+
+unsafe fn matmul<T: GemmScalar + elementwise::Arith>(
+    f: &Frame<'_>,
+    a: &Operand,
+    b: &Operand,
+    out: &Operand,
+    has_bias: bool,
+    alpha: T,
+) {
+    let (batch, m, k, n) = (out.shape[0], a.shape[1], a.shape[2], out.shape[2]);
+    let (pa, pb, pc) = (f.ptr(a) as usize, f.ptr(b) as usize, f.ptr(out) as usize);
+    let one = |bi: usize, parallel: bool| {
+        let bi = bi as isize;
+        gemm::<T>(
+            m,
+            n,
+            k,
+            Mat { ptr: (pa as *const T).offset(bi * a.strides[0]), rs: a.strides[1], cs: a.strides[2] },
+            Mat { ptr: (pb as *const T).offset(bi * b.strides[0]), rs: b.strides[1], cs: b.strides[2] },
+            MatMut { ptr: (pc as *mut T).offset(bi * out.strides[0]), rs: out.strides[1], cs: out.strides[2] },
+            has_bias,
+            alpha,
+            parallel,
+        )
+    };
+    // many small products: one per thread; few large ones: let gemm split each
+    if batch > 1 && m * n * k < 128 * 128 * 128 && rayon::current_num_threads() > 1 {
+        use rayon::prelude::*;
+        (0..batch).into_par_iter().for_each(|bi| one(bi, false));
+    } else {
+        (0..batch).for_each(|bi| one(bi, true));
+    }
+}
+
+unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
+    match ins {
+        Instr::Elementwise { domain, shape, inputs, outputs, code, nregs } => {
+            let iv: Vec<View> = inputs.iter().map(|o| f.view(o)).collect();
+            let ov: Vec<View> = outputs.iter().map(|o| f.view(o)).collect();
+            elementwise::run(*domain, shape, &iv, &ov, code, *nregs);
+        }
+        Instr::Matmul { a, b, out, bias, alpha, beta, act } => {
+            if let Some(bias) = bias {
+                // out = beta · bias (broadcast), then gemm accumulates into it: the bias add costs no pass
+                let domain = if out.dtype == DType::F64 { Domain::F64 } else { Domain::F32 };
+                let code = [
+                    EOp::Load { d: 0, input: 0 },
+                    EOp::Const { d: 1, value: *beta, ivalue: 0 },
+                    EOp::Binary { d: 2, f: BinaryFn::Mul, a: 0, b: 1 },
+                    EOp::Store { a: 2, output: 0 },
+                ];
+                elementwise::run(domain, &out.shape, &[f.view(bias)], &[f.view(out)], &code, 3);
+            }
+            match out.dtype {
+                DType::F64 => matmul::<f64>(f, a, b, out, bias.is_some(), *alpha),
+                _ => matmul::<f32>(f, a, b, out, bias.is_some(), *alpha as f32),
+            }
+            if let Some(act) = act {
+                if !out.is_contiguous() {
+                    return Err("matmul epilogue needs a contiguous output".into());
+                }
+                match out.dtype {
+                    DType::F64 => apply_unary_inplace::<f64>(*act, f.slice_mut(out)),
+                    _ => apply_unary_inplace::<f32>(*act, f.slice_mut(out)),
+                }
+            }
+        }
+        Instr::Reduce { input, out, kept, op, scale, correction } => {
+            let iv = f.view(input);
+            let ov = f.view(out);
+            reduce::reduce(&reduce::ReduceArgs {
+                input: &iv,
+                in_shape: &input.shape,
+                kept: *kept,
+                out: &ov,
+                op: *op,
+                scale: *scale,
+                correction: *correction,
+            })?;
+        }
+        Instr::Softmax { input, out, outer, n, inner, log } => match input.dtype {
+            DType::F64 => softmax::softmax_f64(*outer, *n, *inner, f.slice(input), f.slice_mut(out), *log),
+            _ => softmax::softmax_f32(*outer, *n, *inner, f.slice(input), f.slice_mut(out), *log),
+        },
+        Instr::LayerNorm { input, weight, bias, out, mean, rstd, rows, n, eps } => match input.dtype {
+            DType::F64 => norm::layer_norm_f64(
+                *rows,
+                *n,
+                f.slice(input),
+                weight.as_ref().map(|w| f.slice(w)),
+                bias.as_ref().map(|w| f.slice(w)),
+                *eps,
+                f.slice_mut(out),
+                mean.as_ref().map(|w| f.slice_mut(w)),
+                rstd.as_ref().map(|w| f.slice_mut(w)),
+            ),
+            _ => norm::layer_norm_f32(
+                *rows,
+                *n,
+                f.slice(input),
+                weight.as_ref().map(|w| f.slice(w)),
+                bias.as_ref().map(|w| f.slice(w)),
+                *eps,
+                f.slice_mut(out),
+                mean.as_ref().map(|w| f.slice_mut(w)),
+                rstd.as_ref().map(|w| f.slice_mut(w)),
+            ),
+        },
+        Instr::RmsNorm { input, weight, out, rows, n, eps } => match input.dtype {
+            DType::F64 => {
+                norm::rms_norm_f64(*rows, *n, f.slice(input), weight.as_ref().map(|w| f.slice(w)), *eps, f.slice_mut(out))
+            }
+            _ => norm::rms_norm_f32(*rows, *n, f.slice(input), weight.as_ref().map(|w| f.slice(w)), *eps, f.slice_mut(out)),
+        },
+        Instr::GroupNorm { input, weight, bias, out, mean, rstd, n, c, hw, groups, eps } => match input.dtype {
+            DType::F64 => norm::group_norm_f64(
+                *n,
+                *c,
+                *hw,
+                *groups,
+                f.slice(input),
+                weight.as_ref().map(|w| f.slice(w)),
+                bias.as_ref().map(|w| f.slice(w)),
+                *eps,
+                f.slice_mut(out),
+                mean.as_ref().map(|w| f.slice_mut(w)),
+                rstd.as_ref().map(|w| f.slice_mut(w)),
+            ),
+            _ => norm::group_norm_f32(
+                *n,
+                *c,
+                *hw,
+                *groups,
+                f.slice(input),
+                weight.as_ref().map(|w| f.slice(w)),
+                bias.as_ref().map(|w| f.slice(w)),
+                *eps,
+                f.slice_mut(out),
+                mean.as_ref().map(|w| f.slice_mut(w)),
+                rstd.as_ref().map(|w| f.slice_mut(w)),
+            ),
+        },
+        Instr::Sdpa { q, k, v, mask, out, lse, causal, scale } => {
+            let s = attention::SdpaShape {
+                b: q.shape[0],
+                h: q.shape[1],
+                tq: q.shape[2],
+                tk: k.shape[2],
+                d: q.shape[3],
+                dv: v.shape[3],
+            };
+            let mask_data = mask.as_ref().map(|m| {
+                // the mask may be a broadcast view: hand the kernel the whole span its strides reach
+                let span = m.shape.iter().zip(&m.strides).map(|(&n, &st)| (n.max(1) - 1) * st as usize).sum::<usize>() + 1;
+                let strides = [m.strides[0] as usize, m.strides[1] as usize, m.strides[2] as usize, m.strides[3] as usize];
+                match m.dtype {
+                    DType::Bool => attention::AttnMask::Keep {
+                        data: std::slice::from_raw_parts(f.ptr(m) as *const u8, span),
+                        strides,
+                    },
+                    _ => attention::AttnMask::Additive {
+                        data: std::slice::from_raw_parts(f.ptr(m) as *const f32, span),
+                        strides,
+                    },
+                }
+            });
+            attention::sdpa_f32(
+                &s,
+                f.slice(q),
+                f.slice(k),
+                f.slice(v),
+                mask_data,
+                *causal,
+                *scale as f32,
+                f.slice_mut(out),
+                lse.as_ref().map(|l| f.slice_mut(l)),
+            );
+        }
+        Instr::Conv2d { input, weight, bias, out, stride, padding, dilation, groups, transposed, output_padding } => {
+            let (n, c_in, h, w) = (input.shape[0], input.shape[1], input.shape[2], input.shape[3]);
+            let (c_out, h_out, w_out) = (out.shape[1], out.shape[2], out.shape[3]);
+            let (kh, kw) = (weight.shape[2], weight.shape[3]);
+            macro_rules! run_conv {
+                ($t:ty) => {{
+                    let b = bias.as_ref().map(|b| f.slice::<$t>(b));
+                    if *transposed {
+                        let s = conv::ConvTranspose2dShape {
+                            n,
+                            c_in,
+                            h,
+                            w,
+                            c_out,
+                            kh,
+                            kw,
+                            stride: *stride,
+                            padding: *padding,
+                            dilation: *dilation,
+                            groups: *groups,
+                            h_out,
+                            w_out,
+                            output_padding: *output_padding,
+                        };
+                        conv::conv_transpose2d::<$t>(&s, f.slice(input), f.slice(weight), b, f.slice_mut(out));
+                    } else {
+                        let s = conv::Conv2dShape {
+                            n,
+                            c_in,
+                            h,
+                            w,
+                            c_out,
+                            kh,
+                            kw,
+                            stride: *stride,
+                            padding: *padding,
+                            dilation: *dilation,
+                            groups: *groups,
+                            h_out,
+                            w_out,
+                        };
+                        conv::conv2d::<$t>(&s, f.slice(input), f.slice(weight), b, f.slice_mut(out));
+                    }
+                }};
+            }
+            match input.dtype {
+                DType::F64 => run_conv!(f64),
+                _ => run_conv!(f32),
+            }
+        }
+        Instr::MaxPool2d { input, out, indices, kernel, stride, padding, dilation } => {
+            let s = pool_shape(input, out, *kernel, *stride, *padding, *dilation);
+            let idx = indices.as_ref().map(|i| f.slice_mut::<i64>(i));
+            match input.dtype {
+                DType::F64 => pool::max_pool2d::<f64>(&s, f.slice(input), f.slice_mut(out), idx),
+                _ => pool::max_pool2d::<f32>(&s, f.slice(input), f.slice_mut(out), idx),
+            }
+        }
+        Instr::AvgPool2d { input, out, kernel, stride, padding, count_include_pad, divisor_override } => {
+            let s = pool_shape(input, out, *kernel, *stride, *padding, [1, 1]);
+            match input.dtype {
+                DType::F64 => pool::avg_pool2d::<f64>(&s, *count_include_pad, *divisor_override, f.slice(input), f.slice_mut(out)),
+                _ => pool::avg_pool2d::<f32>(&s, *count_include_pad, *divisor_override, f.slice(input), f.slice_mut(out)),
+            }
+        }
+        Instr::AdaptiveAvgPool2d { input, out } => {
+            let planes = input.shape[0] * input.shape[1];
+            let (h, w, ho, wo) = (input.shape[2], input.shape[3], out.shape[2], out.shape[3]);
+            match input.dtype {
+                DType::F64 => pool::adaptive_avg_pool2d::<f64>(planes, h, w, ho, wo, f.slice(input), f.slice_mut(out)),
+                _ => pool::adaptive_avg_pool2d::<f32>(planes, h, w, ho, wo, f.slice(input), f.slice_mut(out)),
+            }
+        }
+        Instr::IndexSelect { input, index, out, dim } => {
+            let (shape, dim) = if input.shape.is_empty() { (vec![1], 0) } else { (input.shape.clone(), *dim) };
+            index::index_select(&f.view(input), &shape, dim, &f.view(index), index.shape[0], &f.view(out))?;
+        }
+        Instr::Gather { input, index, out, dim } => {
+            index::gather(&f.view(input), &input.shape, &f.view(index), &f.view(out), &out.shape, *dim)?;
+        }
+        Instr::Index { input, indices, out, first } => {
+            let iv: Vec<View> = indices.iter().map(|i| f.view(i)).collect();
+            index::advanced_index(&f.view(input), &input.shape, &iv, &indices[0].shape, *first, &f.view(out))?;
+        }
+        Instr::Scatter { out, index, src, dim, accumulate } => {
+            index::scatter(&f.view(out), &out.shape, &f.view(index), &f.view(src), &index.shape, *dim, *accumulate)?;
+        }
+        Instr::IndexPut { out, indices, values, accumulate } => {
+            let iv: Vec<View> = indices.iter().map(|i| f.view(i)).collect();
+            index::index_put(&f.view(out), &out.shape, &iv, &indices[0].shape, &f.view(values), *accumulate)?;
+        }
+    }
+    Ok(())
+}
+
+fn pool_shape(input: &Operand, out: &Operand, kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2], dilation: [usize; 2]) -> pool::Pool2dShape {
+    pool::Pool2dShape {
+        planes: input.shape[0] * input.shape[1],
+        h: input.shape[2],
+        w: input.shape[3],
+        kh: kernel[0],
+        kw: kernel[1],
+        stride,
+        padding,
+        dilation,
+        h_out: out.shape[2],
+        w_out: out.shape[3],
+    }
+}

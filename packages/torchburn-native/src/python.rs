@@ -1,0 +1,113 @@
+//! The Python module `torchburn_native._native`.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::program::Program as Inner;
+
+static RUNS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// Pointers of this thread's last run, for tests that prove no copy crossed the boundary.
+    static LAST_CALL: RefCell<(Vec<usize>, Vec<usize>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+fn to_py_err(msg: String) -> PyErr {
+    if msg.contains("out of bounds") {
+        PyIndexError::new_err(msg)
+    } else {
+        PyRuntimeError::new_err(msg)
+    }
+}
+
+/// A compiled region. `run` takes data pointers (storage offsets applied) of the region's inputs and of
+/// output tensors the caller allocated, and releases the GIL while the kernels run.
+#[pyclass(frozen, module = "torchburn_native._native")]
+struct Program {
+    inner: Inner,
+}
+
+#[pymethods]
+impl Program {
+    #[new]
+    fn new(plan_json: &str, in_bytes: Vec<usize>, out_bytes: Vec<usize>) -> PyResult<Self> {
+        Inner::new(plan_json, in_bytes, out_bytes).map(|inner| Program { inner }).map_err(PyValueError::new_err)
+    }
+
+    fn run(&self, py: Python<'_>, inputs: Vec<usize>, outputs: Vec<usize>) -> PyResult<()> {
+        RUNS.fetch_add(1, Ordering::Relaxed);
+        LAST_CALL.with(|c| {
+            let mut c = c.borrow_mut();
+            c.0.clone_from(&inputs);
+            c.1.clone_from(&outputs);
+        });
+        // SAFETY: the Python side passes pointers of live tensors whose sizes it checked against the
+        // plan's input signature, and output tensors it just allocated with the planned sizes.
+        py.detach(|| unsafe { self.inner.run(&inputs, &outputs) }).map_err(to_py_err)
+    }
+
+    #[getter]
+    fn n_inputs(&self) -> usize {
+        self.inner.n_inputs()
+    }
+
+    #[getter]
+    fn n_outputs(&self) -> usize {
+        self.inner.n_outputs()
+    }
+}
+
+/// Sizes the worker pool; only the first call takes effect (rayon's global pool is built once).
+#[pyfunction]
+fn init_threads(n: usize) -> usize {
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(n.max(1))
+        .thread_name(|i| format!("torchburn-{i}"))
+        .build_global();
+    rayon::current_num_threads()
+}
+
+#[pyfunction]
+fn num_threads() -> usize {
+    rayon::current_num_threads()
+}
+
+#[pyfunction]
+fn isa() -> &'static str {
+    crate::isa()
+}
+
+#[pyfunction]
+fn debug_last_call(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    LAST_CALL.with(|c| -> PyResult<()> {
+        let c = c.borrow();
+        d.set_item("inputs", c.0.clone())?;
+        d.set_item("outputs", c.1.clone())?;
+        Ok(())
+    })?;
+    Ok(d)
+}
+
+#[pyfunction]
+fn debug_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("runs", RUNS.load(Ordering::Relaxed))?;
+    Ok(d)
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Program>()?;
+    m.add_function(wrap_pyfunction!(init_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(isa, m)?)?;
+    m.add_function(wrap_pyfunction!(debug_last_call, m)?)?;
+    m.add_function(wrap_pyfunction!(debug_stats, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
