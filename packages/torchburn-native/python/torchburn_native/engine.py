@@ -7,10 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torchburn.engines.base import Availability, Engine, NodeSpec, Program, Region
 from torchburn.hookspecs import hookimpl
 
 from . import __version__, _native
+from .decompositions import DECOMPOSITIONS
 from .lowering import OPS
 from .program import CompiledRegion
 from .values import SUPPORTED_DTYPES
@@ -60,6 +62,9 @@ class NativeEngine(Engine):
         keep |= {aten.silu.default, aten.gelu.default, aten.native_layer_norm.default}
         return frozenset(keep)
 
+    def extra_decompositions(self) -> dict[Any, Callable[..., Any]]:
+        return dict(DECOMPOSITIONS)
+
     def supports(self, node: NodeSpec) -> bool | str:
         for spec in (*node.inputs, *node.outputs):
             if spec is not None and spec.dtype not in SUPPORTED_DTYPES:
@@ -69,7 +74,8 @@ class NativeEngine(Engine):
     def compile(self, region: Region) -> Program:
         ensure_threads()
         compiled = CompiledRegion(region.graph_module)
-        static = [_example(spec) for spec in region.inputs]
+        with unset_fake_temporarily():
+            static = [_example(spec) for spec in region.inputs]
         if all(a is not None for a in static):
             compiled.prepare(static)  # plan now so that a planning error surfaces at compile time
         return compiled

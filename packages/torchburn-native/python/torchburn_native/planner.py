@@ -145,11 +145,13 @@ class Planner:
         dtype = dtype or x.dtype
         if isinstance(x, Value) and x.is_contiguous and x.dtype == dtype:
             return x
-        return self.materialize(self.lazy(x, domain_of(dtype)), dtype=dtype)
+        return self.materialize(self.lazy(x, domain_of(dtype)), dtype=dtype, copy=True)
 
-    def materialize(self, expr: Lazy, dtype: torch.dtype | None = None, into: Value | None = None) -> Value:
+    def materialize(
+        self, expr: Lazy, dtype: torch.dtype | None = None, into: Value | None = None, copy: bool = False
+    ) -> Value:
         """Write an expression to memory with one fused elementwise instruction."""
-        if expr.op == "load" and into is None and dtype in (None, expr.args[0].dtype):
+        if expr.op == "load" and into is None and not copy and dtype in (None, expr.args[0].dtype):
             return expr.args[0]  # type: ignore[no-any-return]
         dtype = dtype or expr.dtype
         out = into if into is not None else self.new_value(expr.shape, dtype)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from . import _native
 from .planner import PlannedProgram, Planner
@@ -32,7 +33,9 @@ class CompiledRegion:
             with self._lock:
                 found = self._plans.get(key)
                 if found is None:
-                    planned = Planner(self.graph_module, args).run()
+                    # planning runs real meta kernels: step outside Dynamo's fake mode if compiling
+                    with unset_fake_temporarily():
+                        planned = Planner(self.graph_module, args).run()
                     program = _native.Program(planned.plan_json, planned.in_bytes, planned.out_bytes)
                     found = self._plans[key] = (program, planned)
         return found

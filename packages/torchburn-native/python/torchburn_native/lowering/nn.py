@@ -300,7 +300,14 @@ def _pool_pairs(x: list[int] | int, default: list[int]) -> list[int]:
     return [x[0], x[0]] if len(x) == 1 else [x[0], x[1]]
 
 
-@lower(aten.max_pool2d_with_indices.default, family="pooling", dtypes={torch.float32, torch.float64})
+def _pool_input_dtype(node: Any) -> bool | str:
+    spec = node.inputs[0]
+    if spec is None or spec.dtype not in (torch.float32, torch.float64):
+        return "pooling runs on float32/float64"
+    return True
+
+
+@lower(aten.max_pool2d_with_indices.default, family="pooling", check=_pool_input_dtype)
 def max_pool2d(
     p: Planner,
     node: Any,

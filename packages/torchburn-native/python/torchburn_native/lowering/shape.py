@@ -25,7 +25,7 @@ def view_by(p: Planner, x: Tensorish, fn: Callable[[torch.Tensor], Any]) -> Any:
     v = p.value(x)
     try:
         r = fn(_meta_of(v))
-    except RuntimeError:
+    except (RuntimeError, ValueError):
         # a layout PyTorch could view (it had a contiguous copy) but ours cannot: copy, then view
         v = p.contiguous(v)
         r = fn(_meta_of(v))
