@@ -1,4 +1,4 @@
-"""Sessions: ``nox -s demo`` (main job), ``nox -s tests``, ``nox -s lint``.
+"""Sessions: ``nox -s demo`` (main job), ``nox -s tests``, ``nox -s lint``, ``nox -s bench``.
 
 Virtualenvs are made by uv, which keeps one copy of torch in its cache and links it into each session,
 so a second run installs in seconds.
@@ -7,17 +7,20 @@ so a second run installs in seconds.
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import nox
 
 nox.options.default_venv_backend = "uv"
-nox.options.sessions = ["lint", "tests"]
+nox.options.sessions = ["lint", "rust", "tests"]
 nox.options.reuse_venv = "yes"
 
 PYTHON = "3.11"
 TORCH = "torch>=2.5"
 PACKAGES = ["./packages/torchburn-core", "./packages/torchburn"]
 TEST_PLUGIN = "./tests/plugins/torchburn-tiny-engine"
+NATIVE = "./packages/torchburn-native"
 
 
 def _env() -> dict[str, str]:
@@ -25,12 +28,61 @@ def _env() -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": "", "XDG_RUNTIME_DIR": os.environ.get("XDG_RUNTIME_DIR", "/tmp")}
 
 
+def _native_wheel(session: nox.Session) -> str:
+    """Build the native engine's release abi3 wheel with maturin (portable baseline ISA) and return its path."""
+    session.install("maturin>=1.7,<2")
+    out = Path(".nox/_wheels")
+    shutil.rmtree(out, ignore_errors=True)
+    session.run(
+        "maturin",
+        "build",
+        "--release",
+        "--manifest-path",
+        f"{NATIVE}/Cargo.toml",
+        "--out",
+        str(out),
+        env={"CARGO_TARGET_DIR": os.environ.get("CARGO_TARGET_DIR", f"{NATIVE}/target")},
+    )
+    (wheel,) = out.glob("torchburn_native-*-abi3-*.whl")
+    return str(wheel)
+
+
+def _install_torchburn(session: nox.Session, *extra: str) -> None:
+    """torch, core, the native engine (a freshly built wheel) and the meta-package, as users get them."""
+    wheel = _native_wheel(session)
+    # reinstall our own packages: the version number does not change while we develop
+    session.install(
+        TORCH,
+        *extra,
+        *PACKAGES,
+        wheel,
+        "--reinstall-package",
+        "torchburn-core",
+        "--reinstall-package",
+        "torchburn-native",
+        "--reinstall-package",
+        "torchburn",
+    )
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """Install every package (not editable, as users get them) and run the whole test suite."""
-    session.install(TORCH, "numpy", "pytest>=8", "packaging")
-    session.install(*PACKAGES, TEST_PLUGIN)
+    _install_torchburn(session, "numpy", "pytest>=8", "packaging", "torchvision", "transformers", "psutil")
+    session.install(TEST_PLUGIN, "--reinstall-package", "torchburn-tiny-engine")
     session.run("pytest", *(session.posargs or ["-q"]), env=_env())
+
+
+@nox.session(python=False)
+def rust(session: nox.Session) -> None:
+    """cargo fmt --check, clippy with warnings as errors, and the kernels' unit tests."""
+    manifest = f"--manifest-path={NATIVE}/Cargo.toml"
+    session.run("cargo", "fmt", manifest, "--check", external=True)
+    session.run("cargo", "clippy", manifest, "--all-targets", "--", "-D", "warnings", external=True)
+    session.run(
+        "cargo", "clippy", manifest, "--no-default-features", "--all-targets", "--", "-D", "warnings", external=True
+    )
+    session.run("cargo", "test", manifest, "--release", "--no-default-features", external=True)
 
 
 @nox.session(python=PYTHON)
@@ -46,5 +98,13 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def demo(session: nox.Session) -> None:
     """The main job: compile a model with TorchBurn and show what ran where."""
-    session.install(TORCH, *PACKAGES)
+    _install_torchburn(session)
     session.run("python", "examples/compile_demo.py", env=_env())
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Eager vs Inductor vs TorchBurn on CPU; JSON goes to bench-results/. Try: nox -s bench -- --quick"""
+    # torchvision in the same install, so the resolver picks the one that matches torch
+    _install_torchburn(session, "numpy", "torchvision")
+    session.run("python", "-m", "torchburn.bench", *session.posargs, env=_env())

@@ -17,7 +17,8 @@ pub fn isa() -> &'static str {
         if std::arch::is_x86_feature_detected!("avx512f") {
             return "avx512";
         }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
             return "avx2+fma";
         }
         "x86-64 baseline (sse2)"

@@ -53,7 +53,12 @@ impl Frame<'_> {
     }
 }
 
-fn check_operand(op: &Operand, in_bytes: &[usize], out_bytes: &[usize], arena: usize) -> Result<(), String> {
+fn check_operand(
+    op: &Operand,
+    in_bytes: &[usize],
+    out_bytes: &[usize],
+    arena: usize,
+) -> Result<(), String> {
     if op.shape.len() != op.strides.len() || op.shape.len() > crate::kernels::strided::MAX_RANK {
         return Err(format!("operand rank mismatch or too large: {op:?}"));
     }
@@ -77,7 +82,9 @@ fn check_operand(op: &Operand, in_bytes: &[usize], out_bytes: &[usize], arena: u
     }
     let es = op.dtype.size() as isize;
     if lo < 0 || start as isize + (hi + 1) * es > limit as isize {
-        return Err(format!("operand reaches outside its buffer ({limit} bytes): {op:?}"));
+        return Err(format!(
+            "operand reaches outside its buffer ({limit} bytes): {op:?}"
+        ));
     }
     Ok(())
 }
@@ -97,24 +104,41 @@ const F32: &[DType] = &[DType::F32];
 
 impl Program {
     pub fn new(json: &str, in_bytes: Vec<usize>, out_bytes: Vec<usize>) -> Result<Program, String> {
-        let plan: Plan = serde_json::from_str(json).map_err(|e| format!("malformed program: {e}"))?;
+        let plan: Plan =
+            serde_json::from_str(json).map_err(|e| format!("malformed program: {e}"))?;
         if plan.n_inputs != in_bytes.len() || plan.n_outputs != out_bytes.len() {
             return Err("program inputs/outputs do not match the buffers given".into());
         }
-        let program = Program { plan, in_bytes, out_bytes, arenas: Mutex::new(Vec::new()) };
+        let program = Program {
+            plan,
+            in_bytes,
+            out_bytes,
+            arenas: Mutex::new(Vec::new()),
+        };
         program.validate()?;
         Ok(program)
     }
 
     fn validate(&self) -> Result<(), String> {
-        let chk = |op: &Operand| check_operand(op, &self.in_bytes, &self.out_bytes, self.plan.arena_bytes);
+        let chk = |op: &Operand| {
+            check_operand(op, &self.in_bytes, &self.out_bytes, self.plan.arena_bytes)
+        };
         for ins in &self.plan.instrs {
             match ins {
-                Instr::Elementwise { shape, inputs, outputs, code, nregs, .. } => {
+                Instr::Elementwise {
+                    shape,
+                    inputs,
+                    outputs,
+                    code,
+                    nregs,
+                    ..
+                } => {
                     for op in inputs.iter().chain(outputs) {
                         chk(op)?;
                         if &op.shape != shape {
-                            return Err("elementwise operand shape differs from iteration shape".into());
+                            return Err(
+                                "elementwise operand shape differs from iteration shape".into()
+                            );
                         }
                     }
                     if shape.is_empty() {
@@ -122,28 +146,45 @@ impl Program {
                     }
                     elementwise::validate(code, *nregs, inputs.len(), outputs.len())?;
                 }
-                Instr::Matmul { a, b, out, bias, .. } => {
+                Instr::Matmul {
+                    a, b, out, bias, ..
+                } => {
                     for op in [a, b, out].into_iter().chain(bias) {
                         chk(op)?;
-                        if op.shape.len() != 3 || !FLOATS.contains(&op.dtype) || op.dtype != out.dtype {
+                        if op.shape.len() != 3
+                            || !FLOATS.contains(&op.dtype)
+                            || op.dtype != out.dtype
+                        {
                             return Err("matmul operands must be 3-D f32/f64 of one dtype".into());
                         }
                     }
-                    if a.shape[2] != b.shape[1] || a.shape[1] != out.shape[1] || b.shape[2] != out.shape[2] {
+                    if a.shape[2] != b.shape[1]
+                        || a.shape[1] != out.shape[1]
+                        || b.shape[2] != out.shape[2]
+                    {
                         return Err("matmul shapes do not agree".into());
                     }
                     if a.shape[0] != out.shape[0] || b.shape[0] != out.shape[0] {
                         return Err("matmul batch sizes do not agree".into());
                     }
                 }
-                Instr::Reduce { input, out, kept, .. } => {
+                Instr::Reduce {
+                    input, out, kept, ..
+                } => {
                     chk(input)?;
                     chk(out)?;
                     if !out.is_contiguous() || *kept > input.shape.len() {
                         return Err("reduce output must be contiguous".into());
                     }
                 }
-                Instr::Softmax { input, out, outer, n, inner, .. } => {
+                Instr::Softmax {
+                    input,
+                    out,
+                    outer,
+                    n,
+                    inner,
+                    ..
+                } => {
                     for op in [input, out] {
                         chk(op)?;
                         require_contiguous(op, "softmax", FLOATS)?;
@@ -152,7 +193,17 @@ impl Program {
                         }
                     }
                 }
-                Instr::LayerNorm { input, weight, bias, out, mean, rstd, rows, n, .. } => {
+                Instr::LayerNorm {
+                    input,
+                    weight,
+                    bias,
+                    out,
+                    mean,
+                    rstd,
+                    rows,
+                    n,
+                    ..
+                } => {
                     for op in [input, out] {
                         chk(op)?;
                         require_contiguous(op, "layer_norm", FLOATS)?;
@@ -175,7 +226,14 @@ impl Program {
                         }
                     }
                 }
-                Instr::RmsNorm { input, weight, out, rows, n, .. } => {
+                Instr::RmsNorm {
+                    input,
+                    weight,
+                    out,
+                    rows,
+                    n,
+                    ..
+                } => {
                     for op in [input, out] {
                         chk(op)?;
                         require_contiguous(op, "rms_norm", FLOATS)?;
@@ -191,7 +249,19 @@ impl Program {
                         }
                     }
                 }
-                Instr::GroupNorm { input, weight, bias, out, mean, rstd, n, c, hw, groups, .. } => {
+                Instr::GroupNorm {
+                    input,
+                    weight,
+                    bias,
+                    out,
+                    mean,
+                    rstd,
+                    n,
+                    c,
+                    hw,
+                    groups,
+                    ..
+                } => {
                     for op in [input, out] {
                         chk(op)?;
                         require_contiguous(op, "group_norm", FLOATS)?;
@@ -217,7 +287,15 @@ impl Program {
                         return Err("group_norm: channels must divide into groups".into());
                     }
                 }
-                Instr::Sdpa { q, k, v, mask, out, lse, .. } => {
+                Instr::Sdpa {
+                    q,
+                    k,
+                    v,
+                    mask,
+                    out,
+                    lse,
+                    ..
+                } => {
                     for op in [q, k, v, out] {
                         chk(op)?;
                         require_contiguous(op, "sdpa", F32)?;
@@ -227,13 +305,19 @@ impl Program {
                     }
                     let (b, h, tq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
                     let (tk, dv) = (k.shape[2], v.shape[3]);
-                    if k.shape != [b, h, tk, d] || v.shape != [b, h, tk, dv] || out.shape != [b, h, tq, dv] {
+                    if k.shape != [b, h, tk, d]
+                        || v.shape != [b, h, tk, dv]
+                        || out.shape != [b, h, tq, dv]
+                    {
                         return Err("sdpa shapes do not agree".into());
                     }
                     if let Some(m) = mask {
                         chk(m)?;
-                        if m.shape != [b, h, tq, tk] || !matches!(m.dtype, DType::F32 | DType::Bool) {
-                            return Err("sdpa mask must be f32 or bool, broadcast to [b, h, tq, tk]".into());
+                        if m.shape != [b, h, tq, tk] || !matches!(m.dtype, DType::F32 | DType::Bool)
+                        {
+                            return Err(
+                                "sdpa mask must be f32 or bool, broadcast to [b, h, tq, tk]".into(),
+                            );
                         }
                         if m.strides.iter().any(|&s| s < 0) {
                             return Err("sdpa mask strides must be non-negative".into());
@@ -247,7 +331,14 @@ impl Program {
                         }
                     }
                 }
-                Instr::Conv2d { input, weight, bias, out, groups, .. } => {
+                Instr::Conv2d {
+                    input,
+                    weight,
+                    bias,
+                    out,
+                    groups,
+                    ..
+                } => {
                     for op in [input, weight, out] {
                         chk(op)?;
                         require_contiguous(op, "conv2d", &[input.dtype])?;
@@ -264,7 +355,12 @@ impl Program {
                         return Err("conv2d: groups must be positive".into());
                     }
                 }
-                Instr::MaxPool2d { input, out, indices, .. } => {
+                Instr::MaxPool2d {
+                    input,
+                    out,
+                    indices,
+                    ..
+                } => {
                     for op in [input, out] {
                         chk(op)?;
                         require_contiguous(op, "max_pool2d", FLOATS)?;
@@ -286,7 +382,12 @@ impl Program {
                         }
                     }
                 }
-                Instr::IndexSelect { input, index, out, dim } => {
+                Instr::IndexSelect {
+                    input,
+                    index,
+                    out,
+                    dim,
+                } => {
                     chk(input)?;
                     chk(index)?;
                     chk(out)?;
@@ -296,16 +397,29 @@ impl Program {
                         return Err("index_select: 1-D index and a valid dim required".into());
                     }
                 }
-                Instr::Gather { input, index, out, dim } => {
+                Instr::Gather {
+                    input,
+                    index,
+                    out,
+                    dim,
+                } => {
                     for op in [input, index, out] {
                         chk(op)?;
                     }
                     require_contiguous(out, "gather", &[input.dtype])?;
-                    if index.shape != out.shape || *dim >= input.shape.len() || input.shape.len() != out.shape.len() {
+                    if index.shape != out.shape
+                        || *dim >= input.shape.len()
+                        || input.shape.len() != out.shape.len()
+                    {
                         return Err("gather: index/out shapes or dim invalid".into());
                     }
                 }
-                Instr::Index { input, indices, out, first } => {
+                Instr::Index {
+                    input,
+                    indices,
+                    out,
+                    first,
+                } => {
                     chk(input)?;
                     chk(out)?;
                     require_contiguous(out, "index", &[input.dtype])?;
@@ -316,21 +430,36 @@ impl Program {
                         return Err("index: bad index dims".into());
                     }
                 }
-                Instr::Scatter { out, index, src, dim, .. } => {
+                Instr::Scatter {
+                    out,
+                    index,
+                    src,
+                    dim,
+                    ..
+                } => {
                     for op in [out, index, src] {
                         chk(op)?;
                     }
-                    if src.dtype != out.dtype || *dim >= out.shape.len() || src.shape != index.shape {
+                    if src.dtype != out.dtype || *dim >= out.shape.len() || src.shape != index.shape
+                    {
                         return Err("scatter: operands disagree".into());
                     }
                 }
-                Instr::IndexPut { out, indices, values, .. } => {
+                Instr::IndexPut {
+                    out,
+                    indices,
+                    values,
+                    ..
+                } => {
                     chk(out)?;
                     chk(values)?;
                     for i in indices {
                         chk(i)?;
                     }
-                    if values.dtype != out.dtype || indices.is_empty() || indices.len() > out.shape.len() {
+                    if values.dtype != out.dtype
+                        || indices.is_empty()
+                        || indices.len() > out.shape.len()
+                    {
                         return Err("index_put: operands disagree".into());
                     }
                 }
@@ -363,11 +492,20 @@ impl Program {
             ));
         }
         let words = self.plan.arena_bytes.div_ceil(8);
-        let mut arena = self.arenas.lock().map_err(|_| "arena pool poisoned")?.pop().unwrap_or_default();
+        let mut arena = self
+            .arenas
+            .lock()
+            .map_err(|_| "arena pool poisoned")?
+            .pop()
+            .unwrap_or_default();
         if arena.len() < words {
             arena = vec![0u64; words];
         }
-        let frame = Frame { ins, outs, arena: arena.as_mut_ptr() as *mut u8 };
+        let frame = Frame {
+            ins,
+            outs,
+            arena: arena.as_mut_ptr() as *mut u8,
+        };
         let result = self.plan.instrs.iter().try_for_each(|i| exec(&frame, i));
         if let Ok(mut pool) = self.arenas.lock() {
             pool.push(arena);
@@ -392,9 +530,21 @@ unsafe fn matmul<T: GemmScalar + elementwise::Arith>(
             m,
             n,
             k,
-            Mat { ptr: (pa as *const T).offset(bi * a.strides[0]), rs: a.strides[1], cs: a.strides[2] },
-            Mat { ptr: (pb as *const T).offset(bi * b.strides[0]), rs: b.strides[1], cs: b.strides[2] },
-            MatMut { ptr: (pc as *mut T).offset(bi * out.strides[0]), rs: out.strides[1], cs: out.strides[2] },
+            Mat {
+                ptr: (pa as *const T).offset(bi * a.strides[0]),
+                rs: a.strides[1],
+                cs: a.strides[2],
+            },
+            Mat {
+                ptr: (pb as *const T).offset(bi * b.strides[0]),
+                rs: b.strides[1],
+                cs: b.strides[2],
+            },
+            MatMut {
+                ptr: (pc as *mut T).offset(bi * out.strides[0]),
+                rs: out.strides[1],
+                cs: out.strides[2],
+            },
             has_bias,
             alpha,
             parallel,
@@ -411,22 +561,57 @@ unsafe fn matmul<T: GemmScalar + elementwise::Arith>(
 
 unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
     match ins {
-        Instr::Elementwise { domain, shape, inputs, outputs, code, nregs } => {
+        Instr::Elementwise {
+            domain,
+            shape,
+            inputs,
+            outputs,
+            code,
+            nregs,
+        } => {
             let iv: Vec<View> = inputs.iter().map(|o| f.view(o)).collect();
             let ov: Vec<View> = outputs.iter().map(|o| f.view(o)).collect();
             elementwise::run(*domain, shape, &iv, &ov, code, *nregs);
         }
-        Instr::Matmul { a, b, out, bias, alpha, beta, act } => {
+        Instr::Matmul {
+            a,
+            b,
+            out,
+            bias,
+            alpha,
+            beta,
+            act,
+        } => {
             if let Some(bias) = bias {
                 // out = beta · bias (broadcast), then gemm accumulates into it: the bias add costs no pass
-                let domain = if out.dtype == DType::F64 { Domain::F64 } else { Domain::F32 };
+                let domain = if out.dtype == DType::F64 {
+                    Domain::F64
+                } else {
+                    Domain::F32
+                };
                 let code = [
                     EOp::Load { d: 0, input: 0 },
-                    EOp::Const { d: 1, value: *beta, ivalue: 0 },
-                    EOp::Binary { d: 2, f: BinaryFn::Mul, a: 0, b: 1 },
+                    EOp::Const {
+                        d: 1,
+                        value: *beta,
+                        ivalue: 0,
+                    },
+                    EOp::Binary {
+                        d: 2,
+                        f: BinaryFn::Mul,
+                        a: 0,
+                        b: 1,
+                    },
                     EOp::Store { a: 2, output: 0 },
                 ];
-                elementwise::run(domain, &out.shape, &[f.view(bias)], &[f.view(out)], &code, 3);
+                elementwise::run(
+                    domain,
+                    &out.shape,
+                    &[f.view(bias)],
+                    &[f.view(out)],
+                    &code,
+                    3,
+                );
             }
             match out.dtype {
                 DType::F64 => matmul::<f64>(f, a, b, out, bias.is_some(), *alpha),
@@ -442,7 +627,14 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
                 }
             }
         }
-        Instr::Reduce { input, out, kept, op, scale, correction } => {
+        Instr::Reduce {
+            input,
+            out,
+            kept,
+            op,
+            scale,
+            correction,
+        } => {
             let iv = f.view(input);
             let ov = f.view(out);
             reduce::reduce(&reduce::ReduceArgs {
@@ -455,11 +647,30 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
                 correction: *correction,
             })?;
         }
-        Instr::Softmax { input, out, outer, n, inner, log } => match input.dtype {
-            DType::F64 => softmax::softmax_f64(*outer, *n, *inner, f.slice(input), f.slice_mut(out), *log),
+        Instr::Softmax {
+            input,
+            out,
+            outer,
+            n,
+            inner,
+            log,
+        } => match input.dtype {
+            DType::F64 => {
+                softmax::softmax_f64(*outer, *n, *inner, f.slice(input), f.slice_mut(out), *log)
+            }
             _ => softmax::softmax_f32(*outer, *n, *inner, f.slice(input), f.slice_mut(out), *log),
         },
-        Instr::LayerNorm { input, weight, bias, out, mean, rstd, rows, n, eps } => match input.dtype {
+        Instr::LayerNorm {
+            input,
+            weight,
+            bias,
+            out,
+            mean,
+            rstd,
+            rows,
+            n,
+            eps,
+        } => match input.dtype {
             DType::F64 => norm::layer_norm_f64(
                 *rows,
                 *n,
@@ -483,13 +694,44 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
                 rstd.as_ref().map(|w| f.slice_mut(w)),
             ),
         },
-        Instr::RmsNorm { input, weight, out, rows, n, eps } => match input.dtype {
-            DType::F64 => {
-                norm::rms_norm_f64(*rows, *n, f.slice(input), weight.as_ref().map(|w| f.slice(w)), *eps, f.slice_mut(out))
-            }
-            _ => norm::rms_norm_f32(*rows, *n, f.slice(input), weight.as_ref().map(|w| f.slice(w)), *eps, f.slice_mut(out)),
+        Instr::RmsNorm {
+            input,
+            weight,
+            out,
+            rows,
+            n,
+            eps,
+        } => match input.dtype {
+            DType::F64 => norm::rms_norm_f64(
+                *rows,
+                *n,
+                f.slice(input),
+                weight.as_ref().map(|w| f.slice(w)),
+                *eps,
+                f.slice_mut(out),
+            ),
+            _ => norm::rms_norm_f32(
+                *rows,
+                *n,
+                f.slice(input),
+                weight.as_ref().map(|w| f.slice(w)),
+                *eps,
+                f.slice_mut(out),
+            ),
         },
-        Instr::GroupNorm { input, weight, bias, out, mean, rstd, n, c, hw, groups, eps } => match input.dtype {
+        Instr::GroupNorm {
+            input,
+            weight,
+            bias,
+            out,
+            mean,
+            rstd,
+            n,
+            c,
+            hw,
+            groups,
+            eps,
+        } => match input.dtype {
             DType::F64 => norm::group_norm_f64(
                 *n,
                 *c,
@@ -517,7 +759,16 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
                 rstd.as_ref().map(|w| f.slice_mut(w)),
             ),
         },
-        Instr::Sdpa { q, k, v, mask, out, lse, causal, scale } => {
+        Instr::Sdpa {
+            q,
+            k,
+            v,
+            mask,
+            out,
+            lse,
+            causal,
+            scale,
+        } => {
             let s = attention::SdpaShape {
                 b: q.shape[0],
                 h: q.shape[1],
@@ -528,8 +779,19 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
             };
             let mask_data = mask.as_ref().map(|m| {
                 // the mask may be a broadcast view: hand the kernel the whole span its strides reach
-                let span = m.shape.iter().zip(&m.strides).map(|(&n, &st)| (n.max(1) - 1) * st as usize).sum::<usize>() + 1;
-                let strides = [m.strides[0] as usize, m.strides[1] as usize, m.strides[2] as usize, m.strides[3] as usize];
+                let span = m
+                    .shape
+                    .iter()
+                    .zip(&m.strides)
+                    .map(|(&n, &st)| (n.max(1) - 1) * st as usize)
+                    .sum::<usize>()
+                    + 1;
+                let strides = [
+                    m.strides[0] as usize,
+                    m.strides[1] as usize,
+                    m.strides[2] as usize,
+                    m.strides[3] as usize,
+                ];
                 match m.dtype {
                     DType::Bool => attention::AttnMask::Keep {
                         data: std::slice::from_raw_parts(f.ptr(m) as *const u8, span),
@@ -553,8 +815,24 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
                 lse.as_ref().map(|l| f.slice_mut(l)),
             );
         }
-        Instr::Conv2d { input, weight, bias, out, stride, padding, dilation, groups, transposed, output_padding } => {
-            let (n, c_in, h, w) = (input.shape[0], input.shape[1], input.shape[2], input.shape[3]);
+        Instr::Conv2d {
+            input,
+            weight,
+            bias,
+            out,
+            stride,
+            padding,
+            dilation,
+            groups,
+            transposed,
+            output_padding,
+        } => {
+            let (n, c_in, h, w) = (
+                input.shape[0],
+                input.shape[1],
+                input.shape[2],
+                input.shape[3],
+            );
             let (c_out, h_out, w_out) = (out.shape[1], out.shape[2], out.shape[3]);
             let (kh, kw) = (weight.shape[2], weight.shape[3]);
             macro_rules! run_conv {
@@ -577,7 +855,13 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
                             w_out,
                             output_padding: *output_padding,
                         };
-                        conv::conv_transpose2d::<$t>(&s, f.slice(input), f.slice(weight), b, f.slice_mut(out));
+                        conv::conv_transpose2d::<$t>(
+                            &s,
+                            f.slice(input),
+                            f.slice(weight),
+                            b,
+                            f.slice_mut(out),
+                        );
                     } else {
                         let s = conv::Conv2dShape {
                             n,
@@ -594,7 +878,13 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
                             h_out,
                             w_out,
                         };
-                        conv::conv2d::<$t>(&s, f.slice(input), f.slice(weight), b, f.slice_mut(out));
+                        conv::conv2d::<$t>(
+                            &s,
+                            f.slice(input),
+                            f.slice(weight),
+                            b,
+                            f.slice_mut(out),
+                        );
                     }
                 }};
             }
@@ -603,7 +893,15 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
                 _ => run_conv!(f32),
             }
         }
-        Instr::MaxPool2d { input, out, indices, kernel, stride, padding, dilation } => {
+        Instr::MaxPool2d {
+            input,
+            out,
+            indices,
+            kernel,
+            stride,
+            padding,
+            dilation,
+        } => {
             let s = pool_shape(input, out, *kernel, *stride, *padding, *dilation);
             let idx = indices.as_ref().map(|i| f.slice_mut::<i64>(i));
             match input.dtype {
@@ -611,44 +909,153 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
                 _ => pool::max_pool2d::<f32>(&s, f.slice(input), f.slice_mut(out), idx),
             }
         }
-        Instr::AvgPool2d { input, out, kernel, stride, padding, count_include_pad, divisor_override } => {
+        Instr::AvgPool2d {
+            input,
+            out,
+            kernel,
+            stride,
+            padding,
+            count_include_pad,
+            divisor_override,
+        } => {
             let s = pool_shape(input, out, *kernel, *stride, *padding, [1, 1]);
             match input.dtype {
-                DType::F64 => pool::avg_pool2d::<f64>(&s, *count_include_pad, *divisor_override, f.slice(input), f.slice_mut(out)),
-                _ => pool::avg_pool2d::<f32>(&s, *count_include_pad, *divisor_override, f.slice(input), f.slice_mut(out)),
+                DType::F64 => pool::avg_pool2d::<f64>(
+                    &s,
+                    *count_include_pad,
+                    *divisor_override,
+                    f.slice(input),
+                    f.slice_mut(out),
+                ),
+                _ => pool::avg_pool2d::<f32>(
+                    &s,
+                    *count_include_pad,
+                    *divisor_override,
+                    f.slice(input),
+                    f.slice_mut(out),
+                ),
             }
         }
         Instr::AdaptiveAvgPool2d { input, out } => {
             let planes = input.shape[0] * input.shape[1];
             let (h, w, ho, wo) = (input.shape[2], input.shape[3], out.shape[2], out.shape[3]);
             match input.dtype {
-                DType::F64 => pool::adaptive_avg_pool2d::<f64>(planes, h, w, ho, wo, f.slice(input), f.slice_mut(out)),
-                _ => pool::adaptive_avg_pool2d::<f32>(planes, h, w, ho, wo, f.slice(input), f.slice_mut(out)),
+                DType::F64 => pool::adaptive_avg_pool2d::<f64>(
+                    planes,
+                    h,
+                    w,
+                    ho,
+                    wo,
+                    f.slice(input),
+                    f.slice_mut(out),
+                ),
+                _ => pool::adaptive_avg_pool2d::<f32>(
+                    planes,
+                    h,
+                    w,
+                    ho,
+                    wo,
+                    f.slice(input),
+                    f.slice_mut(out),
+                ),
             }
         }
-        Instr::IndexSelect { input, index, out, dim } => {
-            let (shape, dim) = if input.shape.is_empty() { (vec![1], 0) } else { (input.shape.clone(), *dim) };
-            index::index_select(&f.view(input), &shape, dim, &f.view(index), index.shape[0], &f.view(out))?;
+        Instr::IndexSelect {
+            input,
+            index,
+            out,
+            dim,
+        } => {
+            let (shape, dim) = if input.shape.is_empty() {
+                (vec![1], 0)
+            } else {
+                (input.shape.clone(), *dim)
+            };
+            index::index_select(
+                &f.view(input),
+                &shape,
+                dim,
+                &f.view(index),
+                index.shape[0],
+                &f.view(out),
+            )?;
         }
-        Instr::Gather { input, index, out, dim } => {
-            index::gather(&f.view(input), &input.shape, &f.view(index), &f.view(out), &out.shape, *dim)?;
+        Instr::Gather {
+            input,
+            index,
+            out,
+            dim,
+        } => {
+            index::gather(
+                &f.view(input),
+                &input.shape,
+                &f.view(index),
+                &f.view(out),
+                &out.shape,
+                *dim,
+            )?;
         }
-        Instr::Index { input, indices, out, first } => {
+        Instr::Index {
+            input,
+            indices,
+            out,
+            first,
+        } => {
             let iv: Vec<View> = indices.iter().map(|i| f.view(i)).collect();
-            index::advanced_index(&f.view(input), &input.shape, &iv, &indices[0].shape, *first, &f.view(out))?;
+            index::advanced_index(
+                &f.view(input),
+                &input.shape,
+                &iv,
+                &indices[0].shape,
+                *first,
+                &f.view(out),
+            )?;
         }
-        Instr::Scatter { out, index, src, dim, accumulate } => {
-            index::scatter(&f.view(out), &out.shape, &f.view(index), &f.view(src), &index.shape, *dim, *accumulate)?;
+        Instr::Scatter {
+            out,
+            index,
+            src,
+            dim,
+            accumulate,
+        } => {
+            index::scatter(
+                &f.view(out),
+                &out.shape,
+                &f.view(index),
+                &f.view(src),
+                &index.shape,
+                *dim,
+                *accumulate,
+            )?;
         }
-        Instr::IndexPut { out, indices, values, accumulate } => {
+        Instr::IndexPut {
+            out,
+            indices,
+            values,
+            accumulate,
+        } => {
             let iv: Vec<View> = indices.iter().map(|i| f.view(i)).collect();
-            index::index_put(&f.view(out), &out.shape, &iv, &indices[0].shape, &f.view(values), *accumulate)?;
+            index::index_put(
+                &f.view(out),
+                &out.shape,
+                &iv,
+                &indices[0].shape,
+                &f.view(values),
+                *accumulate,
+            )?;
         }
     }
     Ok(())
 }
 
-fn pool_shape(input: &Operand, out: &Operand, kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2], dilation: [usize; 2]) -> pool::Pool2dShape {
+fn pool_shape(
+    input: &Operand,
+    out: &Operand,
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    padding: [usize; 2],
+    dilation: [usize; 2],
+) -> pool::Pool2dShape {
     pool::Pool2dShape {
         planes: input.shape[0] * input.shape[1],
         h: input.shape[2],

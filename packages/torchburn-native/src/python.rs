@@ -35,7 +35,9 @@ struct Program {
 impl Program {
     #[new]
     fn new(plan_json: &str, in_bytes: Vec<usize>, out_bytes: Vec<usize>) -> PyResult<Self> {
-        Inner::new(plan_json, in_bytes, out_bytes).map(|inner| Program { inner }).map_err(PyValueError::new_err)
+        Inner::new(plan_json, in_bytes, out_bytes)
+            .map(|inner| Program { inner })
+            .map_err(PyValueError::new_err)
     }
 
     fn run(&self, py: Python<'_>, inputs: Vec<usize>, outputs: Vec<usize>) -> PyResult<()> {
@@ -47,7 +49,8 @@ impl Program {
         });
         // SAFETY: the Python side passes pointers of live tensors whose sizes it checked against the
         // plan's input signature, and output tensors it just allocated with the planned sizes.
-        py.detach(|| unsafe { self.inner.run(&inputs, &outputs) }).map_err(to_py_err)
+        py.detach(|| unsafe { self.inner.run(&inputs, &outputs) })
+            .map_err(to_py_err)
     }
 
     #[getter]

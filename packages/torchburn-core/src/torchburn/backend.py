@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from .engines.discovery import resolve_engine
 from .errors import OptionsError
@@ -35,6 +36,9 @@ def torchburn_backend(
 
     def compile_graph(aten_gm: torch.fx.GraphModule, inputs: list[Any], phase: str) -> Callable[..., Any]:
         compiled = partition_and_compile(aten_gm, engine, opts)
+        if isinstance(compiled, _LazyGraphModule):
+            # generate the code now: a lazy module's forward would re-enter nn.Module.__call__ on every call
+            compiled.real_recompile()
         forward = compiled.forward
 
         def run(args: list[Any]) -> Any:

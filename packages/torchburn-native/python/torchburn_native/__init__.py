@@ -10,7 +10,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-from . import _native  # noqa: E402
+from . import _native
 
 
 def isa() -> str:

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
+
 from torchburn.engines.base import Availability, Engine, NodeSpec, Program, Region
 from torchburn.hookspecs import hookimpl
 
@@ -58,7 +59,11 @@ class NativeEngine(Engine):
 
     def keep_whole(self) -> frozenset[Any]:
         # implemented as fused kernels: decomposing them would cost extra memory sweeps
-        keep = {aten._scaled_dot_product_flash_attention_for_cpu.default, aten.hardswish.default, aten.hardsigmoid.default}
+        keep = {
+            aten._scaled_dot_product_flash_attention_for_cpu.default,
+            aten.hardswish.default,
+            aten.hardsigmoid.default,
+        }
         keep |= {aten.silu.default, aten.gelu.default, aten.native_layer_norm.default}
         return frozenset(keep)
 

@@ -45,6 +45,7 @@ LOWERINGS: dict[Any, Lowering] = {}
 class OutputSpec:
     shape: tuple[int, ...]
     dtype: torch.dtype
+    strides: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class PlannedProgram:
 
 
 def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(torch.broadcast_shapes(*shapes))
+    return tuple(torch.broadcast_shapes(*shapes))  # type: ignore[no-untyped-call]
 
 
 def broadcast_strides(value: Value, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -69,7 +70,9 @@ def broadcast_strides(value: Value, shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(strides)
 
 
-def coalesce(shape: tuple[int, ...], stride_sets: list[tuple[int, ...]]) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+def coalesce(
+    shape: tuple[int, ...], stride_sets: list[tuple[int, ...]]
+) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
     """Merge adjacent dimensions that every operand walks as one (fewer, longer runs in the kernel)."""
     if not shape:
         return (1,), [(0,) for _ in stride_sets]
@@ -175,7 +178,7 @@ class Planner:
             elif node.op == "const":
                 c = node.args[0]
                 r = len(memo)
-                ivalue = int(c) if isinstance(c, (int, bool)) or float(c).is_integer() and abs(c) < 2**63 else 0
+                ivalue = int(c) if isinstance(c, (int, bool)) or (float(c).is_integer() and abs(c) < 2**63) else 0
                 code.append({"op": "const", "d": r, "value": float(c), "ivalue": ivalue})
             elif node.op == "iota":
                 r = len(memo)
@@ -288,7 +291,7 @@ class Planner:
                 v = self.materialize(v)
             if not isinstance(v, Value):
                 raise PlanError(f"region output {r} is not a tensor")
-            out_specs.append(OutputSpec(v.shape, v.dtype))
+            out_specs.append(OutputSpec(v.shape, v.dtype, contiguous_strides(v.shape)))
             buf = v.buffer
             whole = v.offset == 0 and v.is_contiguous and buf.nbytes == max(v.numel, 1) * _itemsize(v.dtype)
             if buf.kind == "tmp" and whole and id(buf) not in claimed:
@@ -296,7 +299,12 @@ class Planner:
                 buf.kind, buf.index = "out", j
                 claimed.add(id(buf))
             else:
-                dest = Value(Buffer("out", j, max(v.numel, 1) * _itemsize(v.dtype)), v.dtype, v.shape, contiguous_strides(v.shape))
+                dest = Value(
+                    Buffer("out", j, max(v.numel, 1) * _itemsize(v.dtype)),
+                    v.dtype,
+                    v.shape,
+                    contiguous_strides(v.shape),
+                )
                 self.materialize(self.lazy(v, domain_of(v.dtype)), into=dest)
         arena = self._place_tmp_buffers()
         plan = {

@@ -14,8 +14,8 @@ from .planner import PlannedProgram, Planner
 
 
 def signature(args: Sequence[Any]) -> tuple[Any, ...]:
-    """What a plan depends on: every tensor's shape and strides (dtypes are fixed by Dynamo's guards)."""
-    return tuple((a.shape, a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
+    """What a plan depends on: every tensor's shape, strides and dtype; every int's value."""
+    return tuple([(a.shape, a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in args])
 
 
 class CompiledRegion:
@@ -42,9 +42,6 @@ class CompiledRegion:
 
     def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
         program, planned = self.prepare(args)
-        outs = tuple(torch.empty(spec.shape, dtype=spec.dtype) for spec in planned.out_specs)
-        program.run(
-            [a.data_ptr() for a in args if isinstance(a, torch.Tensor)],
-            [o.data_ptr() for o in outs],
-        )
+        outs = tuple([torch.empty_strided(s.shape, s.strides, dtype=s.dtype) for s in planned.out_specs])
+        program.run([a.data_ptr() for a in args if isinstance(a, torch.Tensor)], [o.data_ptr() for o in outs])
         return outs

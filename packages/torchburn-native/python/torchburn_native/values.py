@@ -4,7 +4,7 @@ expressions (``Lazy``) that are fused into one sweep when something finally need
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import torch
 
@@ -133,4 +133,4 @@ class Lazy:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-Tensorish = Union[Value, Lazy]
+Tensorish = Value | Lazy

@@ -155,7 +155,13 @@ pub enum EOp {
 
 /// Checks register indices once at load so the interpreter can index without bounds checks.
 pub fn validate(code: &[EOp], nregs: usize, n_in: usize, n_out: usize) -> Result<(), String> {
-    let reg = |r: usize| if r < nregs { Ok(()) } else { Err(format!("register {r} out of range ({nregs})")) };
+    let reg = |r: usize| {
+        if r < nregs {
+            Ok(())
+        } else {
+            Err(format!("register {r} out of range ({nregs})"))
+        }
+    };
     for op in code {
         match *op {
             EOp::Load { d, input } => {
@@ -265,7 +271,15 @@ macro_rules! float_arith {
                     UnaryFn::Ceil => map1(a, out, |x| x.ceil()),
                     UnaryFn::Round => map1(a, out, |x| x.round_ties_even()),
                     UnaryFn::Trunc => map1(a, out, |x| x.trunc()),
-                    UnaryFn::Sign => map1(a, out, |x| if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { x * 0.0 }),
+                    UnaryFn::Sign => map1(a, out, |x| {
+                        if x > 0.0 {
+                            1.0
+                        } else if x < 0.0 {
+                            -1.0
+                        } else {
+                            x * 0.0
+                        }
+                    }),
                     UnaryFn::Square => map1(a, out, |x| x * x),
                     UnaryFn::LogicalNot => map1(a, out, |x| b(x == 0.0)),
                     UnaryFn::IsNan => map1(a, out, |x| b(x.is_nan())),
@@ -288,15 +302,31 @@ macro_rules! float_arith {
                     BinaryFn::DivTrunc => map2(a, b, out, |x, y| (x / y).trunc()),
                     BinaryFn::DivFloor => map2(a, b, out, |x, y| (x / y).floor()),
                     BinaryFn::Pow => map2(a, b, out, |x, y| x.powf(y)),
-                    BinaryFn::Maximum => map2(a, b, out, |x, y| if x.is_nan() || y.is_nan() { <$t>::NAN } else { x.max(y) }),
-                    BinaryFn::Minimum => map2(a, b, out, |x, y| if x.is_nan() || y.is_nan() { <$t>::NAN } else { x.min(y) }),
+                    BinaryFn::Maximum => map2(a, b, out, |x, y| {
+                        if x.is_nan() || y.is_nan() {
+                            <$t>::NAN
+                        } else {
+                            x.max(y)
+                        }
+                    }),
+                    BinaryFn::Minimum => map2(a, b, out, |x, y| {
+                        if x.is_nan() || y.is_nan() {
+                            <$t>::NAN
+                        } else {
+                            x.min(y)
+                        }
+                    }),
                     BinaryFn::Fmax => map2(a, b, out, |x, y| x.max(y)),
                     BinaryFn::Fmin => map2(a, b, out, |x, y| x.min(y)),
                     BinaryFn::Atan2 => map2(a, b, out, |x, y| x.atan2(y)),
                     BinaryFn::Fmod => map2(a, b, out, |x, y| x % y),
                     BinaryFn::Remainder => map2(a, b, out, |x, y| {
                         let r = x % y;
-                        if r != 0.0 && ((r < 0.0) != (y < 0.0)) { r + y } else { r }
+                        if r != 0.0 && ((r < 0.0) != (y < 0.0)) {
+                            r + y
+                        } else {
+                            r
+                        }
                     }),
                     BinaryFn::Eq => map2(a, b, out, |x, y| c(x == y)),
                     BinaryFn::Ne => map2(a, b, out, |x, y| c(x != y)),
@@ -304,9 +334,15 @@ macro_rules! float_arith {
                     BinaryFn::Le => map2(a, b, out, |x, y| c(x <= y)),
                     BinaryFn::Gt => map2(a, b, out, |x, y| c(x > y)),
                     BinaryFn::Ge => map2(a, b, out, |x, y| c(x >= y)),
-                    BinaryFn::LogicalAnd | BinaryFn::BitAnd => map2(a, b, out, |x, y| c(nz(x) && nz(y))),
-                    BinaryFn::LogicalOr | BinaryFn::BitOr => map2(a, b, out, |x, y| c(nz(x) || nz(y))),
-                    BinaryFn::LogicalXor | BinaryFn::BitXor => map2(a, b, out, |x, y| c(nz(x) != nz(y))),
+                    BinaryFn::LogicalAnd | BinaryFn::BitAnd => {
+                        map2(a, b, out, |x, y| c(nz(x) && nz(y)))
+                    }
+                    BinaryFn::LogicalOr | BinaryFn::BitOr => {
+                        map2(a, b, out, |x, y| c(nz(x) || nz(y)))
+                    }
+                    BinaryFn::LogicalXor | BinaryFn::BitXor => {
+                        map2(a, b, out, |x, y| c(nz(x) != nz(y)))
+                    }
                     BinaryFn::Shl | BinaryFn::Shr => out.fill(<$t>::NAN), // rejected by the planner
                     BinaryFn::Copysign => map2(a, b, out, |x, y| x.copysign(y)),
                     BinaryFn::Hypot => map2(a, b, out, |x, y| x.hypot(y)),
@@ -381,9 +417,13 @@ impl Arith for i64 {
             UnaryFn::Square => map1(a, out, |x| x.wrapping_mul(x)),
             UnaryFn::LogicalNot => map1(a, out, |x| b(x == 0)),
             UnaryFn::BitwiseNot => map1(a, out, |x| !x),
-            UnaryFn::IsNan | UnaryFn::IsInf | UnaryFn::Signbit => map1(a, out, |x| b(f == UnaryFn::Signbit && x < 0)),
+            UnaryFn::IsNan | UnaryFn::IsInf | UnaryFn::Signbit => {
+                map1(a, out, |x| b(f == UnaryFn::Signbit && x < 0))
+            }
             UnaryFn::IsFinite => out.fill(1),
-            UnaryFn::Floor | UnaryFn::Ceil | UnaryFn::Round | UnaryFn::Trunc => out.copy_from_slice(a),
+            UnaryFn::Floor | UnaryFn::Ceil | UnaryFn::Round | UnaryFn::Trunc => {
+                out.copy_from_slice(a)
+            }
             // float-only functions never reach the integer domain: the planner computes them in f32/f64
             _ => out.fill(0),
         }
@@ -396,7 +436,9 @@ impl Arith for i64 {
             BinaryFn::Add => map2(a, b, out, |x, y| x.wrapping_add(y)),
             BinaryFn::Sub => map2(a, b, out, |x, y| x.wrapping_sub(y)),
             BinaryFn::Mul => map2(a, b, out, |x, y| x.wrapping_mul(y)),
-            BinaryFn::Div | BinaryFn::DivTrunc => map2(a, b, out, |x, y| if y == 0 { 0 } else { x.wrapping_div(y) }),
+            BinaryFn::Div | BinaryFn::DivTrunc => {
+                map2(a, b, out, |x, y| if y == 0 { 0 } else { x.wrapping_div(y) })
+            }
             BinaryFn::DivFloor => map2(a, b, out, |x, y| {
                 if y == 0 {
                     0
@@ -409,7 +451,13 @@ impl Arith for i64 {
                     }
                 }
             }),
-            BinaryFn::Pow => map2(a, b, out, |x, y| if y < 0 { 0 } else { x.wrapping_pow(y.min(u32::MAX as i64) as u32) }),
+            BinaryFn::Pow => map2(a, b, out, |x, y| {
+                if y < 0 {
+                    0
+                } else {
+                    x.wrapping_pow(y.min(u32::MAX as i64) as u32)
+                }
+            }),
             BinaryFn::Maximum | BinaryFn::Fmax => map2(a, b, out, |x, y| x.max(y)),
             BinaryFn::Minimum | BinaryFn::Fmin => map2(a, b, out, |x, y| x.min(y)),
             BinaryFn::Fmod => map2(a, b, out, |x, y| if y == 0 { 0 } else { x.wrapping_rem(y) }),
@@ -437,8 +485,19 @@ impl Arith for i64 {
             BinaryFn::BitAnd => map2(a, b, out, |x, y| x & y),
             BinaryFn::BitOr => map2(a, b, out, |x, y| x | y),
             BinaryFn::BitXor => map2(a, b, out, |x, y| x ^ y),
-            BinaryFn::Shl => map2(a, b, out, |x, y| if (0..64).contains(&y) { x << y } else { 0 }),
-            BinaryFn::Shr => map2(a, b, out, |x, y| if (0..64).contains(&y) { x >> y } else { x >> 63 }),
+            BinaryFn::Shl => map2(
+                a,
+                b,
+                out,
+                |x, y| if (0..64).contains(&y) { x << y } else { 0 },
+            ),
+            BinaryFn::Shr => map2(a, b, out, |x, y| {
+                if (0..64).contains(&y) {
+                    x >> y
+                } else {
+                    x >> 63
+                }
+            }),
             BinaryFn::Copysign | BinaryFn::Atan2 | BinaryFn::Hypot => out.fill(0),
         }
     }
@@ -460,7 +519,12 @@ unsafe impl Sync for View {}
 
 impl View {
     pub fn new(ptr: *mut u8, dtype: DType, shape: &[usize], strides: &[isize]) -> View {
-        View { ptr, dtype, strides: strides.to_vec(), layout: layout_of(shape, strides) }
+        View {
+            ptr,
+            dtype,
+            strides: strides.to_vec(),
+            layout: layout_of(shape, strides),
+        }
     }
 }
 
@@ -485,9 +549,16 @@ unsafe fn run_chunk<T: Arith>(
             EOp::Load { d, input } => {
                 let v = &inputs[input];
                 let dst = reg(d);
-                for_runs(shape, &v.strides, v.layout, start, len, |pos, off, n, st| {
-                    load_run(v.dtype, v.ptr, off, st, &mut dst[pos..pos + n]);
-                });
+                for_runs(
+                    shape,
+                    &v.strides,
+                    v.layout,
+                    start,
+                    len,
+                    |pos, off, n, st| {
+                        load_run(v.dtype, v.ptr, off, st, &mut dst[pos..pos + n]);
+                    },
+                );
             }
             EOp::Const { d, value, ivalue } => {
                 reg(d).fill(T::constant(value, ivalue));
@@ -508,9 +579,16 @@ unsafe fn run_chunk<T: Arith>(
             EOp::Store { a, output } => {
                 let v = &outputs[output];
                 let src = reg(a);
-                for_runs(shape, &v.strides, v.layout, start, len, |pos, off, n, st| {
-                    store_run(v.dtype, v.ptr, off, st, &src[pos..pos + n]);
-                });
+                for_runs(
+                    shape,
+                    &v.strides,
+                    v.layout,
+                    start,
+                    len,
+                    |pos, off, n, st| {
+                        store_run(v.dtype, v.ptr, off, st, &src[pos..pos + n]);
+                    },
+                );
             }
         }
     }
@@ -518,18 +596,54 @@ unsafe fn run_chunk<T: Arith>(
 
 type ChunkFn<T> = unsafe fn(&[usize], &[View], &[View], &[EOp], &mut [T], usize, usize);
 
-#[multiversion(targets("x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
-unsafe fn chunk_f32(s: &[usize], i: &[View], o: &[View], c: &[EOp], r: &mut [f32], st: usize, n: usize) {
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+unsafe fn chunk_f32(
+    s: &[usize],
+    i: &[View],
+    o: &[View],
+    c: &[EOp],
+    r: &mut [f32],
+    st: usize,
+    n: usize,
+) {
     run_chunk::<f32>(s, i, o, c, r, st, n)
 }
 
-#[multiversion(targets("x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
-unsafe fn chunk_f64(s: &[usize], i: &[View], o: &[View], c: &[EOp], r: &mut [f64], st: usize, n: usize) {
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+unsafe fn chunk_f64(
+    s: &[usize],
+    i: &[View],
+    o: &[View],
+    c: &[EOp],
+    r: &mut [f64],
+    st: usize,
+    n: usize,
+) {
     run_chunk::<f64>(s, i, o, c, r, st, n)
 }
 
-#[multiversion(targets("x86_64+avx512f+avx512bw+avx512dq+avx512vl", "x86_64+avx2", "aarch64+neon"))]
-unsafe fn chunk_i64(s: &[usize], i: &[View], o: &[View], c: &[EOp], r: &mut [i64], st: usize, n: usize) {
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl",
+    "x86_64+avx2",
+    "aarch64+neon"
+))]
+unsafe fn chunk_i64(
+    s: &[usize],
+    i: &[View],
+    o: &[View],
+    c: &[EOp],
+    r: &mut [i64],
+    st: usize,
+    n: usize,
+) {
     run_chunk::<i64>(s, i, o, c, r, st, n)
 }
 
@@ -563,7 +677,9 @@ unsafe fn run_typed<T: Arith>(
     // a few tasks per thread balance load; each task is a whole number of chunks
     let per = total.div_ceil(threads * 4).div_ceil(CHUNK).max(8) * CHUNK;
     let ntasks = total.div_ceil(per);
-    (0..ntasks).into_par_iter().for_each(|t| task(t * per, ((t + 1) * per).min(total)));
+    (0..ntasks)
+        .into_par_iter()
+        .for_each(|t| task(t * per, ((t + 1) * per).min(total)));
 }
 
 /// Runs a fused chain.
@@ -571,7 +687,14 @@ unsafe fn run_typed<T: Arith>(
 /// # Safety
 /// Every view must be valid for the whole iteration `shape`; outputs must not overlap inputs, and the
 /// code must have passed [`validate`].
-pub unsafe fn run(domain: Domain, shape: &[usize], inputs: &[View], outputs: &[View], code: &[EOp], nregs: usize) {
+pub unsafe fn run(
+    domain: Domain,
+    shape: &[usize],
+    inputs: &[View],
+    outputs: &[View],
+    code: &[EOp],
+    nregs: usize,
+) {
     match domain {
         Domain::F32 => run_typed::<f32>(chunk_f32, shape, inputs, outputs, code, nregs),
         Domain::F64 => run_typed::<f64>(chunk_f64, shape, inputs, outputs, code, nregs),
@@ -582,7 +705,7 @@ pub unsafe fn run(domain: Domain, shape: &[usize], inputs: &[View], outputs: &[V
 /// Applies an activation in place to a contiguous f32/f64 buffer (GEMM epilogues).
 pub fn apply_unary_inplace<T: Arith>(f: UnaryFn, data: &mut [T]) {
     let work = |chunk: &mut [T]| {
-        let mut tmp = vec![T::default(); CHUNK];
+        let mut tmp = [T::default(); CHUNK];
         for c in chunk.chunks_mut(CHUNK) {
             let t = &mut tmp[..c.len()];
             t.copy_from_slice(c);
@@ -615,20 +738,56 @@ mod tests {
         let shape = [r, c];
         let code = vec![
             EOp::Load { d: 0, input: 0 },
-            EOp::Const { d: 1, value: 2.0, ivalue: 2 },
-            EOp::Binary { d: 2, f: BinaryFn::Mul, a: 0, b: 1 },
+            EOp::Const {
+                d: 1,
+                value: 2.0,
+                ivalue: 2,
+            },
+            EOp::Binary {
+                d: 2,
+                f: BinaryFn::Mul,
+                a: 0,
+                b: 1,
+            },
             EOp::Load { d: 3, input: 1 },
-            EOp::Binary { d: 4, f: BinaryFn::Add, a: 2, b: 3 },
-            EOp::Unary { d: 5, f: UnaryFn::Relu, a: 4 },
+            EOp::Binary {
+                d: 4,
+                f: BinaryFn::Add,
+                a: 2,
+                b: 3,
+            },
+            EOp::Unary {
+                d: 5,
+                f: UnaryFn::Relu,
+                a: 4,
+            },
             EOp::Store { a: 5, output: 0 },
-            EOp::Binary { d: 6, f: BinaryFn::Gt, a: 5, b: 7 },
+            EOp::Binary {
+                d: 6,
+                f: BinaryFn::Gt,
+                a: 5,
+                b: 7,
+            },
             EOp::Store { a: 6, output: 1 },
         ];
         let mut code = code;
-        code.insert(7, EOp::Const { d: 7, value: 1.0, ivalue: 1 });
+        code.insert(
+            7,
+            EOp::Const {
+                d: 7,
+                value: 1.0,
+                ivalue: 1,
+            },
+        );
         validate(&code, 8, 2, 2).unwrap();
-        let ins = [view(&mut x, DType::F32, &shape, &[c as isize, 1]), view(&mut bias, DType::F32, &shape, &[0, 1])];
-        let outs = [view(&mut out, DType::F32, &shape, &[c as isize, 1]), view(&mut mask, DType::Bool, &shape, &[c as isize, 1])];
+        let ins = [
+            view(&mut x, DType::F32, &shape, &[c as isize, 1]),
+            view(&mut bias, DType::F32, &shape, &[0, 1]),
+        ];
+        let outs = [
+            view(&mut out, DType::F32, &shape, &[c as isize, 1]),
+            view(&mut mask, DType::Bool, &shape, &[c as isize, 1]),
+        ];
         unsafe { run(Domain::F32, &shape, &ins, &outs, &code, 8) };
         for i in 0..r * c {
             let want = (x[i] * 2.0 + bias[i % c]).max(0.0);
@@ -644,8 +803,17 @@ mod tests {
         let shape = [3usize];
         let code = [
             EOp::Load { d: 0, input: 0 },
-            EOp::Const { d: 1, value: 3.0, ivalue: 3 },
-            EOp::Binary { d: 2, f: BinaryFn::DivFloor, a: 0, b: 1 },
+            EOp::Const {
+                d: 1,
+                value: 3.0,
+                ivalue: 3,
+            },
+            EOp::Binary {
+                d: 2,
+                f: BinaryFn::DivFloor,
+                a: 0,
+                b: 1,
+            },
             EOp::Store { a: 2, output: 0 },
         ];
         let ins = [view(&mut x, DType::I64, &shape, &[1])];

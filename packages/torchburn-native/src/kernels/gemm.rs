@@ -38,7 +38,8 @@ impl GemmScalar for f64 {
 
 fn parallelism(m: usize, n: usize, k: usize, allow_parallel: bool) -> Parallelism {
     let threads = rayon::current_num_threads();
-    if allow_parallel && threads > 1 && m.saturating_mul(n).saturating_mul(k) >= PARALLEL_MIN_FLOPS {
+    if allow_parallel && threads > 1 && m.saturating_mul(n).saturating_mul(k) >= PARALLEL_MIN_FLOPS
+    {
         Parallelism::Rayon(threads)
     } else {
         Parallelism::None
@@ -99,17 +100,40 @@ pub unsafe fn gemm<T: GemmScalar>(
 }
 
 /// Contiguous row-major convenience wrapper: `C[m×n] (+)= A[m×k] · B[k×n]`.
-pub fn gemm_rowmajor<T: GemmScalar>(m: usize, n: usize, k: usize, a: &[T], b: &[T], c: &mut [T], accumulate: bool) {
-    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n, "gemm_rowmajor: slice too short");
+pub fn gemm_rowmajor<T: GemmScalar>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+    accumulate: bool,
+) {
+    assert!(
+        a.len() >= m * k && b.len() >= k * n && c.len() >= m * n,
+        "gemm_rowmajor: slice too short"
+    );
     // SAFETY: the asserts above bound every access; C is a distinct &mut slice.
     unsafe {
         gemm(
             m,
             n,
             k,
-            Mat { ptr: a.as_ptr(), rs: k as isize, cs: 1 },
-            Mat { ptr: b.as_ptr(), rs: n as isize, cs: 1 },
-            MatMut { ptr: c.as_mut_ptr(), rs: n as isize, cs: 1 },
+            Mat {
+                ptr: a.as_ptr(),
+                rs: k as isize,
+                cs: 1,
+            },
+            Mat {
+                ptr: b.as_ptr(),
+                rs: n as isize,
+                cs: 1,
+            },
+            MatMut {
+                ptr: c.as_mut_ptr(),
+                rs: n as isize,
+                cs: 1,
+            },
             accumulate,
             T::ONE,
             true,
@@ -133,16 +157,30 @@ mod tests {
 
     #[test]
     fn odd_sizes_match_naive() {
-        for &(m, n, k) in &[(1, 1, 1), (7, 13, 5), (1, 257, 31), (129, 1, 64), (100, 100, 100), (3, 4, 0)] {
-            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 11) as f32 - 5.0) / 3.0).collect();
-            let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 13) as f32 - 6.0) / 4.0).collect();
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (7, 13, 5),
+            (1, 257, 31),
+            (129, 1, 64),
+            (100, 100, 100),
+            (3, 4, 0),
+        ] {
+            let a: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 7 % 11) as f32 - 5.0) / 3.0)
+                .collect();
+            let b: Vec<f32> = (0..k * n)
+                .map(|i| ((i * 5 % 13) as f32 - 6.0) / 4.0)
+                .collect();
             let mut c = vec![1.0f32; m * n];
             gemm_rowmajor(m, n, k, &a, &b, &mut c, false);
             let a64: Vec<f64> = a.iter().map(|&x| x as f64).collect();
             let b64: Vec<f64> = b.iter().map(|&x| x as f64).collect();
             let want = naive(m, n, k, &a64, &b64);
             for (got, want) in c.iter().zip(want) {
-                assert!((*got as f64 - want).abs() < 1e-4 * (1.0 + want.abs()), "{m}x{n}x{k}");
+                assert!(
+                    (*got as f64 - want).abs() < 1e-4 * (1.0 + want.abs()),
+                    "{m}x{n}x{k}"
+                );
             }
         }
     }
@@ -158,9 +196,21 @@ mod tests {
                 m,
                 n,
                 k,
-                Mat { ptr: a.as_ptr(), rs: k as isize, cs: 1 },
-                Mat { ptr: bt.as_ptr(), rs: 1, cs: k as isize },
-                MatMut { ptr: c.as_mut_ptr(), rs: n as isize, cs: 1 },
+                Mat {
+                    ptr: a.as_ptr(),
+                    rs: k as isize,
+                    cs: 1,
+                },
+                Mat {
+                    ptr: bt.as_ptr(),
+                    rs: 1,
+                    cs: k as isize,
+                },
+                MatMut {
+                    ptr: c.as_mut_ptr(),
+                    rs: n as isize,
+                    cs: 1,
+                },
                 false,
                 1.0,
                 false,

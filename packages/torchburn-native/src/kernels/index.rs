@@ -14,7 +14,9 @@ fn wrap(i: i64, size: usize, what: &str) -> Result<isize, String> {
     let s = size as i64;
     let j = if i < 0 { i + s } else { i };
     if j < 0 || j >= s {
-        return Err(format!("{what}: index {i} is out of bounds for dimension of size {size}"));
+        return Err(format!(
+            "{what}: index {i} is out of bounds for dimension of size {size}"
+        ));
     }
     Ok(j as isize)
 }
@@ -47,14 +49,25 @@ fn dot(idx: &[usize], strides: &[isize]) -> isize {
 ///
 /// # Safety
 /// Pointers valid for the given extents; `index` is 1-D with `nidx` elements.
-pub unsafe fn index_select(input: &View, in_shape: &[usize], dim: usize, index: &View, nidx: usize, out: &View) -> Result<(), String> {
+pub unsafe fn index_select(
+    input: &View,
+    in_shape: &[usize],
+    dim: usize,
+    index: &View,
+    nidx: usize,
+    out: &View,
+) -> Result<(), String> {
     let esize = input.dtype.size();
     let outer: usize = in_shape[..dim].iter().product();
     let size = in_shape[dim];
     let inner: usize = in_shape[dim + 1..].iter().product();
     let mut rows = Vec::with_capacity(nidx);
     for i in 0..nidx {
-        rows.push(wrap(index_at(index, i as isize * index.strides[0]), size, "index_select")?);
+        rows.push(wrap(
+            index_at(index, i as isize * index.strides[0]),
+            size,
+            "index_select",
+        )?);
     }
     let bytes = inner * esize;
     let (src, dst) = (input.ptr as usize, out.ptr as usize);
@@ -68,7 +81,10 @@ pub unsafe fn index_select(input: &View, in_shape: &[usize], dim: usize, index: 
     if outer * nidx * bytes < (1 << 16) {
         (0..outer * nidx).for_each(job);
     } else {
-        (0..outer * nidx).into_par_iter().with_min_len(16).for_each(job);
+        (0..outer * nidx)
+            .into_par_iter()
+            .with_min_len(16)
+            .for_each(job);
     }
     Ok(())
 }
@@ -77,16 +93,31 @@ pub unsafe fn index_select(input: &View, in_shape: &[usize], dim: usize, index: 
 ///
 /// # Safety
 /// Views valid for their shapes.
-pub unsafe fn gather(input: &View, in_shape: &[usize], index: &View, out: &View, shape: &[usize], dim: usize) -> Result<(), String> {
+pub unsafe fn gather(
+    input: &View,
+    in_shape: &[usize],
+    index: &View,
+    out: &View,
+    shape: &[usize],
+    dim: usize,
+) -> Result<(), String> {
     let esize = input.dtype.size();
     let total: usize = shape.iter().product();
     let mut idx = vec![0usize; shape.len()];
     for lin in 0..total {
         unravel(lin, shape, &mut idx);
-        let j = wrap(index_at(index, dot(&idx, &index.strides)), in_shape[dim], "gather")?;
+        let j = wrap(
+            index_at(index, dot(&idx, &index.strides)),
+            in_shape[dim],
+            "gather",
+        )?;
         let mut src = dot(&idx, &input.strides);
         src += (j - idx[dim] as isize) * input.strides[dim];
-        copy_elem(out.ptr.add(lin * esize), input.ptr.offset(src * esize as isize), esize);
+        copy_elem(
+            out.ptr.add(lin * esize),
+            input.ptr.offset(src * esize as isize),
+            esize,
+        );
     }
     Ok(())
 }
@@ -122,13 +153,21 @@ pub unsafe fn advanced_index(
             unravel(b, bshape, &mut bi);
             let mut off = pre_off;
             for (j, iv) in indices.iter().enumerate() {
-                let v = wrap(index_at(iv, dot(&bi, &iv.strides)), in_shape[first + j], "index")?;
+                let v = wrap(
+                    index_at(iv, dot(&bi, &iv.strides)),
+                    in_shape[first + j],
+                    "index",
+                )?;
                 off += v * input.strides[first + j];
             }
             for q in 0..npost {
                 unravel(q, post, &mut qi);
                 let src = off + dot(&qi, &input.strides[first + k..]);
-                copy_elem(out.ptr.add(lin * esize), input.ptr.offset(src * esize as isize), esize);
+                copy_elem(
+                    out.ptr.add(lin * esize),
+                    input.ptr.offset(src * esize as isize),
+                    esize,
+                );
                 lin += 1;
             }
         }
@@ -167,17 +206,34 @@ unsafe fn put(dtype: DType, dst: *mut u8, src: *const u8, accumulate: bool) {
 ///
 /// # Safety
 /// Views valid for their shapes; `src` has the same dtype as `out`.
-pub unsafe fn scatter(out: &View, out_shape: &[usize], index: &View, src: &View, shape: &[usize], dim: usize, accumulate: bool) -> Result<(), String> {
+pub unsafe fn scatter(
+    out: &View,
+    out_shape: &[usize],
+    index: &View,
+    src: &View,
+    shape: &[usize],
+    dim: usize,
+    accumulate: bool,
+) -> Result<(), String> {
     let esize = out.dtype.size() as isize;
     let total: usize = shape.iter().product();
     let mut idx = vec![0usize; shape.len()];
     for lin in 0..total {
         unravel(lin, shape, &mut idx);
-        let j = wrap(index_at(index, dot(&idx, &index.strides)), out_shape[dim], "scatter")?;
+        let j = wrap(
+            index_at(index, dot(&idx, &index.strides)),
+            out_shape[dim],
+            "scatter",
+        )?;
         let mut dst = dot(&idx, &out.strides);
         dst += (j - idx[dim] as isize) * out.strides[dim];
         let s = dot(&idx, &src.strides);
-        put(out.dtype, out.ptr.offset(dst * esize), src.ptr.offset(s * esize), accumulate);
+        put(
+            out.dtype,
+            out.ptr.offset(dst * esize),
+            src.ptr.offset(s * esize),
+            accumulate,
+        );
     }
     Ok(())
 }
@@ -187,7 +243,14 @@ pub unsafe fn scatter(out: &View, out_shape: &[usize], index: &View, src: &View,
 ///
 /// # Safety
 /// Views valid for their shapes; `values` has the same dtype as `out`.
-pub unsafe fn index_put(out: &View, out_shape: &[usize], indices: &[View], bshape: &[usize], values: &View, accumulate: bool) -> Result<(), String> {
+pub unsafe fn index_put(
+    out: &View,
+    out_shape: &[usize],
+    indices: &[View],
+    bshape: &[usize],
+    values: &View,
+    accumulate: bool,
+) -> Result<(), String> {
     let esize = out.dtype.size() as isize;
     let k = indices.len();
     let post = &out_shape[k..];
@@ -200,14 +263,23 @@ pub unsafe fn index_put(out: &View, out_shape: &[usize], indices: &[View], bshap
         unravel(b, bshape, &mut bi);
         let mut off = 0isize;
         for (j, iv) in indices.iter().enumerate() {
-            let v = wrap(index_at(iv, dot(&bi, &iv.strides)), out_shape[j], "index_put")?;
+            let v = wrap(
+                index_at(iv, dot(&bi, &iv.strides)),
+                out_shape[j],
+                "index_put",
+            )?;
             off += v * out.strides[j];
         }
         for q in 0..npost {
             unravel(q, post, &mut qi);
             let dst = off + dot(&qi, &out.strides[k..]);
             let s = dot(&bi, &values.strides[..nbd]) + dot(&qi, &values.strides[nbd..]);
-            put(out.dtype, out.ptr.offset(dst * esize), values.ptr.offset(s * esize), accumulate);
+            put(
+                out.dtype,
+                out.ptr.offset(dst * esize),
+                values.ptr.offset(s * esize),
+                accumulate,
+            );
         }
     }
     Ok(())

@@ -5,6 +5,9 @@
 //! Each stays within a few ULP of the correctly rounded result over the whole f32 range and propagates
 //! NaN and infinities as IEEE 754 says.
 
+// Polynomial coefficients are kept as published (minimax fits); f32 rounds them at compile time.
+#![allow(clippy::excessive_precision)]
+
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 const LN2_HI: f32 = 0.693_359_4;
 const LN2_LO: f32 = -2.121_944_4e-4;
@@ -63,7 +66,11 @@ pub fn ln_f32(x: f32) -> f32 {
     let y = z.mul_add(-0.5, y);
     let y = e.mul_add(LN2_HI, m + y);
     // subnormals are rare enough in activations to take the slow, exact path
-    let y = if x < f32::MIN_POSITIVE && x > 0.0 { x.ln() } else { y };
+    let y = if x < f32::MIN_POSITIVE && x > 0.0 {
+        x.ln()
+    } else {
+        y
+    };
     let y = if x == 0.0 { f32::NEG_INFINITY } else { y };
     let y = if x == f32::INFINITY { x } else { y };
     if x < 0.0 || x.is_nan() {
@@ -169,7 +176,9 @@ mod tests {
 
     fn samples() -> Vec<f32> {
         let mut v: Vec<f32> = (-20000..=20000).map(|i| i as f32 * 0.005).collect();
-        v.extend([0.0, -0.0, 1e-30, -1e-30, 1e-6, 1e-3, 80.0, 88.0, 88.7, -87.0, -100.0, -110.0, 1e30]);
+        v.extend([
+            0.0, -0.0, 1e-30, -1e-30, 1e-6, 1e-3, 80.0, 88.0, 88.7, -87.0, -100.0, -110.0, 1e30,
+        ]);
         v
     }
 
@@ -193,7 +202,11 @@ mod tests {
                 assert!(exp_f32(x) <= 1e-37, "exp({x})");
                 continue;
             }
-            assert!(rel(exp_f32(x), want) < 4e-7, "exp({x}) = {} want {want}", exp_f32(x));
+            assert!(
+                rel(exp_f32(x), want) < 4e-7,
+                "exp({x}) = {} want {want}",
+                exp_f32(x)
+            );
         }
         assert_eq!(exp_f32(f32::INFINITY), f32::INFINITY);
         assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
@@ -203,7 +216,10 @@ mod tests {
     #[test]
     fn ln_matches_libm() {
         for x in samples().into_iter().map(f32::abs).filter(|x| *x > 0.0) {
-            assert!(rel(ln_f32(x), (x as f64).ln()) < 4e-7 || (ln_f32(x) as f64 - (x as f64).ln()).abs() < 1e-7);
+            assert!(
+                rel(ln_f32(x), (x as f64).ln()) < 4e-7
+                    || (ln_f32(x) as f64 - (x as f64).ln()).abs() < 1e-7
+            );
         }
         assert_eq!(ln_f32(0.0), f32::NEG_INFINITY);
         assert!(ln_f32(-1.0).is_nan());
@@ -214,9 +230,15 @@ mod tests {
     fn tanh_and_sigmoid_match_libm() {
         for x in samples() {
             let t = (x as f64).tanh();
-            assert!(rel(tanh_f32(x), t) < 6e-7 || (tanh_f32(x) as f64 - t).abs() < 1e-7, "tanh({x})");
+            assert!(
+                rel(tanh_f32(x), t) < 6e-7 || (tanh_f32(x) as f64 - t).abs() < 1e-7,
+                "tanh({x})"
+            );
             let s = 1.0 / (1.0 + (-(x as f64)).exp());
-            assert!((sigmoid_f32(x) as f64 - s).abs() < 2e-7 + 4e-7 * s, "sigmoid({x})");
+            assert!(
+                (sigmoid_f32(x) as f64 - s).abs() < 2e-7 + 4e-7 * s,
+                "sigmoid({x})"
+            );
         }
         assert_eq!(tanh_f32(f32::INFINITY), 1.0);
         assert_eq!(tanh_f32(f32::NEG_INFINITY), -1.0);
@@ -249,9 +271,15 @@ mod tests {
     fn erf_and_gelu_match_reference() {
         for x in samples().into_iter().filter(|x| x.abs() < 12.0) {
             let e = erf64(x as f64);
-            assert!((erf_f32(x) as f64 - e).abs() < 2e-7 * (1.0 + e.abs()) || rel(erf_f32(x), e) < 1e-6, "erf({x})");
+            assert!(
+                (erf_f32(x) as f64 - e).abs() < 2e-7 * (1.0 + e.abs()) || rel(erf_f32(x), e) < 1e-6,
+                "erf({x})"
+            );
             let g = 0.5 * x as f64 * (1.0 + erf64(x as f64 / 2f64.sqrt()));
-            assert!((gelu_f32(x) as f64 - g).abs() < 1e-6 * (1.0 + g.abs()), "gelu({x})");
+            assert!(
+                (gelu_f32(x) as f64 - g).abs() < 1e-6 * (1.0 + g.abs()),
+                "gelu({x})"
+            );
         }
         assert!(gelu_f32(f32::NAN).is_nan());
         assert!(gelu_f32(f32::NEG_INFINITY).is_nan(), "as PyTorch: -inf · 0");

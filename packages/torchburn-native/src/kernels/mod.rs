@@ -1,13 +1,13 @@
 //! Kernels: pure functions over raw memory, one module per family.
 
-pub mod gemm;
-pub mod math;
-pub mod elementwise;
-pub mod strided;
-pub mod reduce;
-pub mod index;
-pub mod conv;
-pub mod pool;
-pub mod softmax;
-pub mod norm;
 pub mod attention;
+pub mod conv;
+pub mod elementwise;
+pub mod gemm;
+pub mod index;
+pub mod math;
+pub mod norm;
+pub mod pool;
+pub mod reduce;
+pub mod softmax;
+pub mod strided;

@@ -38,7 +38,12 @@ pub unsafe fn reduce(a: &ReduceArgs<'_>) -> Result<(), String> {
     if outer == 0 {
         return Ok(());
     }
-    if inner == 0 && matches!(a.op, ReduceKind::Max | ReduceKind::Min | ReduceKind::ArgMax | ReduceKind::ArgMin) {
+    if inner == 0
+        && matches!(
+            a.op,
+            ReduceKind::Max | ReduceKind::Min | ReduceKind::ArgMax | ReduceKind::ArgMin
+        )
+    {
         return Err(format!("{:?} of an empty dimension has no identity", a.op));
     }
     // reduce over a rank-1 view when there is nothing to reduce, so for_runs always has a dimension
@@ -147,7 +152,9 @@ unsafe fn fold_float(
     match a.op {
         ReduceKind::Sum => (sum * a.scale, 0),
         ReduceKind::Prod => (prod * a.scale, 0),
-        ReduceKind::Max | ReduceKind::Min | ReduceKind::ArgMax | ReduceKind::ArgMin => (best, best_i),
+        ReduceKind::Max | ReduceKind::Min | ReduceKind::ArgMax | ReduceKind::ArgMin => {
+            (best, best_i)
+        }
         ReduceKind::Any => (any as i64 as f64, any as i64),
         ReduceKind::All => (all as i64 as f64, all as i64),
         ReduceKind::Var => {
@@ -236,7 +243,15 @@ mod tests {
         let strides = [1isize, 3];
         let input = View::new(x.as_mut_ptr() as *mut u8, DType::F32, &shape, &strides);
         let outv = View::new(out.as_mut_ptr() as *mut u8, DType::F32, &[3], &[1]);
-        let args = ReduceArgs { input: &input, in_shape: &shape, kept: 1, out: &outv, op: ReduceKind::Sum, scale: 1.0, correction: 0.0 };
+        let args = ReduceArgs {
+            input: &input,
+            in_shape: &shape,
+            kept: 1,
+            out: &outv,
+            op: ReduceKind::Sum,
+            scale: 1.0,
+            correction: 0.0,
+        };
         unsafe { reduce(&args).unwrap() };
         assert_eq!(out, vec![18.0, 22.0, 26.0]);
 
@@ -244,7 +259,15 @@ mod tests {
         let mut idx = vec![0i64; 4];
         let rows = View::new(x.as_mut_ptr() as *mut u8, DType::F32, &[4, 3], &[3, 1]);
         let outi = View::new(idx.as_mut_ptr() as *mut u8, DType::I64, &[4], &[1]);
-        let args = ReduceArgs { input: &rows, in_shape: &[4, 3], kept: 1, out: &outi, op: ReduceKind::ArgMax, scale: 1.0, correction: 0.0 };
+        let args = ReduceArgs {
+            input: &rows,
+            in_shape: &[4, 3],
+            kept: 1,
+            out: &outi,
+            op: ReduceKind::ArgMax,
+            scale: 1.0,
+            correction: 0.0,
+        };
         unsafe { reduce(&args).unwrap() };
         assert_eq!(idx, vec![2, 2, 1, 2]);
     }
@@ -255,7 +278,15 @@ mod tests {
         let mut out = vec![0f64; 1];
         let input = View::new(x.as_mut_ptr() as *mut u8, DType::F64, &[1, 4], &[4, 1]);
         let outv = View::new(out.as_mut_ptr() as *mut u8, DType::F64, &[1], &[1]);
-        let args = ReduceArgs { input: &input, in_shape: &[1, 4], kept: 1, out: &outv, op: ReduceKind::Var, scale: 1.0, correction: 1.0 };
+        let args = ReduceArgs {
+            input: &input,
+            in_shape: &[1, 4],
+            kept: 1,
+            out: &outv,
+            op: ReduceKind::Var,
+            scale: 1.0,
+            correction: 1.0,
+        };
         unsafe { reduce(&args).unwrap() };
         assert!((out[0] - 5.0 / 3.0).abs() < 1e-12);
     }

@@ -210,7 +210,13 @@ impl Lane for i64 {
 /// # Safety
 /// `p.offset(off + i * stride)` must be readable for `i < out.len()`.
 #[inline(always)]
-unsafe fn read_run<S: Copy, T: Copy>(p: *const S, off: isize, stride: isize, out: &mut [T], f: impl Fn(S) -> T) {
+unsafe fn read_run<S: Copy, T: Copy>(
+    p: *const S,
+    off: isize,
+    stride: isize,
+    out: &mut [T],
+    f: impl Fn(S) -> T,
+) {
     if stride == 1 {
         let src = std::slice::from_raw_parts(p.offset(off), out.len());
         for (o, &s) in out.iter_mut().zip(src) {
@@ -229,7 +235,13 @@ unsafe fn read_run<S: Copy, T: Copy>(p: *const S, off: isize, stride: isize, out
 /// # Safety
 /// `p.offset(off + i * stride)` must be writable for `i < src.len()`.
 #[inline(always)]
-unsafe fn write_run<S: Copy, T: Copy>(p: *mut S, off: isize, stride: isize, src: &[T], f: impl Fn(T) -> S) {
+unsafe fn write_run<S: Copy, T: Copy>(
+    p: *mut S,
+    off: isize,
+    stride: isize,
+    src: &[T],
+    f: impl Fn(T) -> S,
+) {
     if stride == 1 {
         let dst = std::slice::from_raw_parts_mut(p.offset(off), src.len());
         for (d, &s) in dst.iter_mut().zip(src) {
@@ -247,16 +259,32 @@ unsafe fn write_run<S: Copy, T: Copy>(p: *mut S, off: isize, stride: isize, src:
 /// # Safety
 /// The run must lie inside the buffer `base` points to.
 #[inline(always)]
-pub unsafe fn load_run<T: Lane>(dtype: DType, base: *const u8, off: isize, stride: isize, out: &mut [T]) {
+pub unsafe fn load_run<T: Lane>(
+    dtype: DType,
+    base: *const u8,
+    off: isize,
+    stride: isize,
+    out: &mut [T],
+) {
     match dtype {
         DType::F32 => read_run(base as *const f32, off, stride, out, T::from_f32),
         DType::F64 => read_run(base as *const f64, off, stride, out, T::from_f64),
-        DType::F16 => read_run(base as *const f16, off, stride, out, |v| T::from_f32(v.to_f32())),
-        DType::Bf16 => read_run(base as *const bf16, off, stride, out, |v| T::from_f32(v.to_f32())),
+        DType::F16 => read_run(base as *const f16, off, stride, out, |v| {
+            T::from_f32(v.to_f32())
+        }),
+        DType::Bf16 => read_run(base as *const bf16, off, stride, out, |v| {
+            T::from_f32(v.to_f32())
+        }),
         DType::I64 => read_run(base as *const i64, off, stride, out, T::from_i64),
-        DType::I32 => read_run(base as *const i32, off, stride, out, |v| T::from_i64(v as i64)),
-        DType::I16 => read_run(base as *const i16, off, stride, out, |v| T::from_i64(v as i64)),
-        DType::I8 => read_run(base as *const i8, off, stride, out, |v| T::from_i64(v as i64)),
+        DType::I32 => read_run(base as *const i32, off, stride, out, |v| {
+            T::from_i64(v as i64)
+        }),
+        DType::I16 => read_run(base as *const i16, off, stride, out, |v| {
+            T::from_i64(v as i64)
+        }),
+        DType::I8 => read_run(base as *const i8, off, stride, out, |v| {
+            T::from_i64(v as i64)
+        }),
         DType::U8 | DType::Bool => read_run(base, off, stride, out, |v| T::from_i64(v as i64)),
     }
 }
@@ -266,12 +294,22 @@ pub unsafe fn load_run<T: Lane>(dtype: DType, base: *const u8, off: isize, strid
 /// # Safety
 /// The run must lie inside the buffer `base` points to.
 #[inline(always)]
-pub unsafe fn store_run<T: Lane>(dtype: DType, base: *mut u8, off: isize, stride: isize, src: &[T]) {
+pub unsafe fn store_run<T: Lane>(
+    dtype: DType,
+    base: *mut u8,
+    off: isize,
+    stride: isize,
+    src: &[T],
+) {
     match dtype {
         DType::F32 => write_run(base as *mut f32, off, stride, src, T::to_f32),
         DType::F64 => write_run(base as *mut f64, off, stride, src, T::to_f64),
-        DType::F16 => write_run(base as *mut f16, off, stride, src, |v| f16::from_f32(v.to_f32())),
-        DType::Bf16 => write_run(base as *mut bf16, off, stride, src, |v| bf16::from_f32(v.to_f32())),
+        DType::F16 => write_run(base as *mut f16, off, stride, src, |v| {
+            f16::from_f32(v.to_f32())
+        }),
+        DType::Bf16 => write_run(base as *mut bf16, off, stride, src, |v| {
+            bf16::from_f32(v.to_f32())
+        }),
         DType::I64 => write_run(base as *mut i64, off, stride, src, T::to_i64),
         DType::I32 => write_run(base as *mut i32, off, stride, src, |v| v.to_i64() as i32),
         DType::I16 => write_run(base as *mut i16, off, stride, src, |v| v.to_i64() as i16),
@@ -291,12 +329,21 @@ mod tests {
         let shape = [4usize, 3];
         let strides = [1isize, 4];
         let mut seen = vec![];
-        for_runs(&shape, &strides, layout_of(&shape, &strides), 2, 7, |pos, off, len, st| {
-            for i in 0..len {
-                seen.push((pos + i, off + i as isize * st));
-            }
-        });
-        let want: Vec<(usize, isize)> = (2..9).map(|l| (l - 2, ((l % 3) * 4 + l / 3) as isize)).collect();
+        for_runs(
+            &shape,
+            &strides,
+            layout_of(&shape, &strides),
+            2,
+            7,
+            |pos, off, len, st| {
+                for i in 0..len {
+                    seen.push((pos + i, off + i as isize * st));
+                }
+            },
+        );
+        let want: Vec<(usize, isize)> = (2..9)
+            .map(|l| (l - 2, ((l % 3) * 4 + l / 3) as isize))
+            .collect();
         assert_eq!(seen, want);
     }
 

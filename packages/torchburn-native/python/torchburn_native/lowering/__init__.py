@@ -8,9 +8,10 @@ the engine claims and what it can plan cannot drift apart.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
+
 from torchburn.engines.base import NodeSpec
 from torchburn.ops import OpRegistry
 
@@ -19,6 +20,7 @@ from ..planner import LOWERINGS
 OPS = OpRegistry("native")
 
 Check = Callable[[NodeSpec], "bool | str"]
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def lower(
@@ -26,8 +28,8 @@ def lower(
     family: str,
     dtypes: Iterable[torch.dtype] | None = None,
     check: Check | None = None,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+) -> Callable[[F], F]:
+    def register(fn: F) -> F:
         for op in ops:
             OPS.add(op, family=family, dtypes=dtypes, check=check)
             LOWERINGS[op] = fn

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..planner import Planner, PlanError, broadcast_shapes
+from ..planner import PlanError, Planner, broadcast_shapes
 from ..values import FLOAT_DTYPES, SUPPORTED_DTYPES, Domain, Lazy, Tensorish, Value, domain_of
 from . import lower
 
@@ -195,7 +195,9 @@ def elu(p: Planner, node: Any, x: Tensorish, alpha: float = 1.0, scale: float = 
     d = domain_of(out)
     xl = p.lazy(x, d)
     cond = Lazy("binary", ("gt", xl, p.lazy(0.0, d)), torch.bool, xl.shape, d)
-    neg = binary_expr(p, "mul", unary_expr(p, "expm1", binary_expr(p, "mul", xl, float(input_scale), out), out), float(alpha), out)
+    neg = binary_expr(
+        p, "mul", unary_expr(p, "expm1", binary_expr(p, "mul", xl, float(input_scale), out), out), float(alpha), out
+    )
     return binary_expr(p, "mul", Lazy("where", (cond, xl, neg), out, xl.shape, d), float(scale), out)
 
 
@@ -251,7 +253,9 @@ def _binary(fn: str) -> Any:
         if fn in ("add", "sub") and alpha != 1:
             b = binary_expr(p, "mul", b, alpha, out)
         if fn in INT_ONLY and out == torch.bool:
-            return binary_expr(p, {"bit_and": "logical_and", "bit_or": "logical_or", "bit_xor": "logical_xor"}[fn], a, b, out, "i64")
+            return binary_expr(
+                p, {"bit_and": "logical_and", "bit_or": "logical_or", "bit_xor": "logical_xor"}[fn], a, b, out, "i64"
+            )
         return binary_expr(p, fn, a, b, out)
 
     return lowering
@@ -349,7 +353,7 @@ def _clamp(p: Planner, x: Any, lo: Any, hi: Any, out: torch.dtype) -> Lazy:
 
 
 @lower(aten.clamp.default, aten.clamp.Tensor, family="elementwise", dtypes=ANY - {torch.bool})
-def clamp(p: Planner, node: Any, x: Any, min: Any = None, max: Any = None) -> Lazy:  # noqa: A002
+def clamp(p: Planner, node: Any, x: Any, min: Any = None, max: Any = None) -> Lazy:
     return _clamp(p, x, min, max, _out_dtype(p))
 
 
@@ -477,7 +481,8 @@ def fill(p: Planner, node: Any, x: Any, value: Any) -> Lazy:
 @lower(aten.arange.start_step, aten.arange.default, aten.arange.start, family="constant", dtypes=ANY, check=_cpu_only)
 def arange(p: Planner, node: Any, *args: Any, **kwargs: Any) -> Value:
     nums = [a for a in args if isinstance(a, (int, float))]
-    start, step = 0, 1
+    start: float = 0
+    step: float = 1
     if len(nums) >= 2:
         start = nums[0]
     if len(nums) >= 3:
@@ -509,12 +514,20 @@ def addcdiv(p: Planner, node: Any, x: Any, a: Any, b: Any, value: float = 1) -> 
 
 
 @lower(aten.nan_to_num.default, family="elementwise", dtypes=FLOATS)
-def nan_to_num(p: Planner, node: Any, x: Any, nan: float | None = None, posinf: float | None = None, neginf: float | None = None) -> Lazy:
+def nan_to_num(
+    p: Planner, node: Any, x: Any, nan: float | None = None, posinf: float | None = None, neginf: float | None = None
+) -> Lazy:
     out = _out_dtype(p)
     d = domain_of(out)
     info = torch.finfo(out)
     xl = p.lazy(x, d)
-    r = Lazy("where", (Lazy("unary", ("is_nan", xl), torch.bool, xl.shape, d), p.lazy(float(nan or 0.0), d), xl), out, xl.shape, d)
+    r = Lazy(
+        "where",
+        (Lazy("unary", ("is_nan", xl), torch.bool, xl.shape, d), p.lazy(float(nan or 0.0), d), xl),
+        out,
+        xl.shape,
+        d,
+    )
     big = float(info.max if posinf is None else posinf)
     small = float(info.min if neginf is None else neginf)
     is_pos = Lazy("binary", ("eq", xl, p.lazy(math.inf, d)), torch.bool, xl.shape, d)

@@ -35,11 +35,21 @@ def _index_select(p: Planner, x: Tensorish, dim: int, idx: Tensorish) -> Value:
     dim = dim % max(xv.rank, 1)
     iv = _flat_index(p, idx)
     out = p.new_value(tuple(meta.shape), meta.dtype)
-    p.emit({"kind": "index_select", "input": xv.operand(), "index": iv.operand(), "out": out.operand(), "dim": dim}, [xv, iv], [out])
+    p.emit(
+        {"kind": "index_select", "input": xv.operand(), "index": iv.operand(), "out": out.operand(), "dim": dim},
+        [xv, iv],
+        [out],
+    )
     return out
 
 
-@lower(aten.embedding.default, family="indexing", check=lambda n: True if n.inputs[1] and n.inputs[1].dtype in INDEX_DTYPES else "embedding indices must be int32/int64")
+@lower(
+    aten.embedding.default,
+    family="indexing",
+    check=lambda n: (
+        True if n.inputs[1] and n.inputs[1].dtype in INDEX_DTYPES else "embedding indices must be int32/int64"
+    ),
+)
 def embedding(p: Planner, node: Any, weight: Tensorish, idx: Tensorish, *args: Any) -> Value:
     meta = p.out_meta()
     out = _index_select_rows(p, weight, idx)
@@ -56,7 +66,11 @@ def _index_select_rows(p: Planner, weight: Tensorish, idx: Tensorish) -> Value:
     wv = p.contiguous(weight)
     iv = _flat_index(p, idx)
     out = p.new_value((iv.numel, *wv.shape[1:]), wv.dtype)
-    p.emit({"kind": "index_select", "input": wv.operand(), "index": iv.operand(), "out": out.operand(), "dim": 0}, [wv, iv], [out])
+    p.emit(
+        {"kind": "index_select", "input": wv.operand(), "index": iv.operand(), "out": out.operand(), "dim": 0},
+        [wv, iv],
+        [out],
+    )
     return out
 
 
@@ -71,7 +85,11 @@ def gather(p: Planner, node: Any, x: Tensorish, dim: int, idx: Tensorish, sparse
     iv = p.value(idx)
     dim = dim % max(xv.rank, 1)
     out = p.new_value(iv.shape, xv.dtype)
-    p.emit({"kind": "gather", "input": xv.operand(), "index": iv.operand(), "out": out.operand(), "dim": dim}, [xv, iv], [out])
+    p.emit(
+        {"kind": "gather", "input": xv.operand(), "index": iv.operand(), "out": out.operand(), "dim": dim},
+        [xv, iv],
+        [out],
+    )
     return out
 
 
@@ -122,7 +140,14 @@ def _scatter(p: Planner, x: Tensorish, dim: int, idx: Tensorish, src: Any, accum
             sv = p.contiguous(sv, out.dtype)
         sv = sv.with_view(iv.shape, sv.strides, sv.offset)
     p.emit(
-        {"kind": "scatter", "out": out.operand(), "index": iv.operand(), "src": sv.operand(), "dim": dim % out.rank, "accumulate": accumulate},
+        {
+            "kind": "scatter",
+            "out": out.operand(),
+            "index": iv.operand(),
+            "src": sv.operand(),
+            "dim": dim % out.rank,
+            "accumulate": accumulate,
+        },
         [out, iv, sv],
         [out],
     )
@@ -150,7 +175,9 @@ def _index_put_layout(node: Any) -> bool | str:
 
 
 @lower(aten.index_put.default, family="indexing", check=_index_put_layout)
-def index_put(p: Planner, node: Any, x: Tensorish, indices: list[Tensorish], values: Tensorish, accumulate: bool = False) -> Value:
+def index_put(
+    p: Planner, node: Any, x: Tensorish, indices: list[Tensorish], values: Tensorish, accumulate: bool = False
+) -> Value:
     out = _copy_of(p, x)
     tensors = [p.value(t) for t in indices]
     bshape = broadcast_shapes(*(t.shape for t in tensors))
@@ -173,7 +200,9 @@ def index_put(p: Planner, node: Any, x: Tensorish, indices: list[Tensorish], val
 
 
 @lower(aten.slice_scatter.default, family="indexing")
-def slice_scatter(p: Planner, node: Any, x: Tensorish, src: Tensorish, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Value:
+def slice_scatter(
+    p: Planner, node: Any, x: Tensorish, src: Tensorish, dim: int = 0, start: Any = None, end: Any = None, step: int = 1
+) -> Value:
     out = _copy_of(p, x)
     dest = view_by(p, out, lambda t: aten.slice.Tensor(t, dim, start, end, step))
     p.materialize(p.lazy(src, domain_of(out.dtype)), into=dest)

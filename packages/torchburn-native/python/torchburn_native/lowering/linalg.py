@@ -66,7 +66,9 @@ def matmul(
     if bias is not None and beta != 0:
         biasv = _as_gemm_input(p, bias, dtype)
         strides = broadcast_strides(biasv, out.shape)
-        instr["bias"] = biasv.operand(out.shape, strides) if out.rank == 3 else biasv.operand((1, *out.shape), (0, *strides))
+        instr["bias"] = (
+            biasv.operand(out.shape, strides) if out.rank == 3 else biasv.operand((1, *out.shape), (0, *strides))
+        )
         reads.append(biasv)
     p.emit(instr, reads, [out])
     if out_dtype != dtype:
@@ -80,7 +82,9 @@ def mm(p: Planner, node: Any, a: Tensorish, b: Tensorish) -> Tensorish:
 
 
 @lower(aten.addmm.default, aten.baddbmm.default, family="matmul", dtypes=MATMUL_DTYPES)
-def addmm(p: Planner, node: Any, bias: Tensorish, a: Tensorish, b: Tensorish, beta: float = 1, alpha: float = 1) -> Tensorish:
+def addmm(
+    p: Planner, node: Any, bias: Tensorish, a: Tensorish, b: Tensorish, beta: float = 1, alpha: float = 1
+) -> Tensorish:
     return matmul(p, a, b, bias, alpha, beta)
 
 

@@ -41,7 +41,15 @@ def _softmax(p: Planner, x: Tensorish, dim: int, log: bool) -> Tensorish:
     inner = numel(shape[dim + 1 :])
     out = p.new_value(xv.shape, cdt)
     p.emit(
-        {"kind": "softmax", "input": xv.operand(), "out": out.operand(), "outer": outer, "n": shape[dim], "inner": inner, "log": log},
+        {
+            "kind": "softmax",
+            "input": xv.operand(),
+            "out": out.operand(),
+            "outer": outer,
+            "n": shape[dim],
+            "inner": inner,
+            "log": log,
+        },
         [xv],
         [out],
     )
@@ -60,7 +68,13 @@ def log_softmax(p: Planner, node: Any, x: Tensorish, dim: int, half_to_float: bo
 
 @lower(aten.native_layer_norm.default, family="normalization", dtypes=FLOAT_DTYPES)
 def layer_norm(
-    p: Planner, node: Any, x: Tensorish, normalized_shape: list[int], weight: Tensorish | None, bias: Tensorish | None, eps: float
+    p: Planner,
+    node: Any,
+    x: Tensorish,
+    normalized_shape: list[int],
+    weight: Tensorish | None,
+    bias: Tensorish | None,
+    eps: float,
 ) -> tuple[Tensorish, ...]:
     out_meta, mean_meta, rstd_meta = p.out_meta()
     cdt = _compute_dtype(out_meta.dtype)
@@ -91,7 +105,9 @@ def layer_norm(
     return (_narrow(p, out, out_meta.dtype), _narrow(p, mean, mean_meta.dtype), _narrow(p, rstd, rstd_meta.dtype))
 
 
-def _rms_norm(p: Planner, x: Tensorish, normalized_shape: list[int], weight: Tensorish | None, eps: float | None) -> Value:
+def _rms_norm(
+    p: Planner, x: Tensorish, normalized_shape: list[int], weight: Tensorish | None, eps: float | None
+) -> Value:
     dtype = x.dtype
     cdt = _compute_dtype(dtype)
     xv = p.contiguous(x, cdt)
@@ -216,14 +232,31 @@ def _bn_check(node: Any) -> bool | str:
 
 @lower(aten._native_batch_norm_legit_no_training.default, family="normalization", dtypes=FLOAT_DTYPES)
 def batch_norm_no_training(
-    p: Planner, node: Any, x: Tensorish, weight: Any, bias: Any, mean: Tensorish, var: Tensorish, momentum: float, eps: float
+    p: Planner,
+    node: Any,
+    x: Tensorish,
+    weight: Any,
+    bias: Any,
+    mean: Tensorish,
+    var: Tensorish,
+    momentum: float,
+    eps: float,
 ) -> tuple[Tensorish, Value, Value]:
     return _batch_norm_eval(p, x, weight, bias, mean, var, eps)
 
 
 @lower(aten.native_batch_norm.default, family="normalization", dtypes=FLOAT_DTYPES, check=_bn_check)
 def native_batch_norm(
-    p: Planner, node: Any, x: Tensorish, weight: Any, bias: Any, mean: Tensorish, var: Tensorish, training: bool, momentum: float, eps: float
+    p: Planner,
+    node: Any,
+    x: Tensorish,
+    weight: Any,
+    bias: Any,
+    mean: Tensorish,
+    var: Tensorish,
+    training: bool,
+    momentum: float,
+    eps: float,
 ) -> tuple[Tensorish, Value, Value]:
     return _batch_norm_eval(p, x, weight, bias, mean, var, eps)
 
@@ -377,7 +410,12 @@ def avg_pool2d(
     return out
 
 
-@lower(aten._adaptive_avg_pool2d.default, aten.adaptive_avg_pool2d.default, family="pooling", dtypes={torch.float32, torch.float64})
+@lower(
+    aten._adaptive_avg_pool2d.default,
+    aten.adaptive_avg_pool2d.default,
+    family="pooling",
+    dtypes={torch.float32, torch.float64},
+)
 def adaptive_avg_pool2d(p: Planner, node: Any, x: Tensorish, output_size: list[int]) -> Value:
     meta = p.out_meta()
     xv, _ = _as4d(p.contiguous(x))

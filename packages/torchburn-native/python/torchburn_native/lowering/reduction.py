@@ -102,13 +102,17 @@ def amin(p: Planner, node: Any, x: Tensorish, dims: Any = None, keepdim: bool = 
 @lower(aten.max.dim, family="reduction", dtypes=ANY, check=_nonempty)
 def max_dim(p: Planner, node: Any, x: Tensorish, dim: int, keepdim: bool = False) -> tuple[Value, Value]:
     vals, _ = p.out_meta()
-    return reduce_values(p, x, dim, keepdim, "max", vals.dtype), reduce_values(p, x, dim, keepdim, "arg_max", torch.int64)
+    return reduce_values(p, x, dim, keepdim, "max", vals.dtype), reduce_values(
+        p, x, dim, keepdim, "arg_max", torch.int64
+    )
 
 
 @lower(aten.min.dim, family="reduction", dtypes=ANY, check=_nonempty)
 def min_dim(p: Planner, node: Any, x: Tensorish, dim: int, keepdim: bool = False) -> tuple[Value, Value]:
     vals, _ = p.out_meta()
-    return reduce_values(p, x, dim, keepdim, "min", vals.dtype), reduce_values(p, x, dim, keepdim, "arg_min", torch.int64)
+    return reduce_values(p, x, dim, keepdim, "min", vals.dtype), reduce_values(
+        p, x, dim, keepdim, "arg_min", torch.int64
+    )
 
 
 @lower(aten.argmax.default, family="reduction", dtypes=ANY, check=_nonempty)
@@ -132,7 +136,9 @@ def argmin(p: Planner, node: Any, x: Tensorish, dim: int | None = None, keepdim:
 
 
 @lower(aten.var.correction, family="reduction", dtypes={torch.float32, torch.float64, torch.float16, torch.bfloat16})
-def var(p: Planner, node: Any, x: Tensorish, dims: Any = None, *, correction: float | None = None, keepdim: bool = False) -> Value:
+def var(
+    p: Planner, node: Any, x: Tensorish, dims: Any = None, *, correction: float | None = None, keepdim: bool = False
+) -> Value:
     c = 1.0 if correction is None else float(correction)
     return reduce_values(p, x, dims, keepdim, "var", p.out_meta().dtype, correction=c)
 

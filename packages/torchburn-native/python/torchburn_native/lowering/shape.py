@@ -31,7 +31,7 @@ def view_by(p: Planner, x: Tensorish, fn: Callable[[torch.Tensor], Any]) -> Any:
         r = fn(_meta_of(v))
 
     def wrap(t: torch.Tensor) -> Value:
-        return v.with_view(tuple(t.shape), tuple(t.stride()), v.offset + t.storage_offset())
+        return v.with_view(tuple(t.shape), tuple(t.stride()), v.offset + int(t.storage_offset()))
 
     if isinstance(r, (list, tuple)):
         return [wrap(t) for t in r]
@@ -80,7 +80,7 @@ def cat(p: Planner, node: Any, tensors: list[Tensorish], dim: int = 0) -> Value:
     rank = out.rank
     dim = dim % rank if rank else 0
     start = 0
-    for t in tensors:
+    for t in (p.value(x) for x in tensors):
         if t.rank == 1 and t.shape[0] == 0 and rank != 1:
             continue  # legacy: 1-D empty tensors are skipped by cat
         size = t.shape[dim]
