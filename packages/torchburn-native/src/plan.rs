@@ -103,7 +103,9 @@ pub enum Instr {
         b: Operand,
         out: Operand,
         bias: Option<Operand>,
+        #[serde(deserialize_with = "de_f64")]
         alpha: f64,
+        #[serde(deserialize_with = "de_f64")]
         beta: f64,
         act: Option<UnaryFn>,
     },
@@ -113,7 +115,7 @@ pub enum Instr {
         out: Operand,
         kept: usize,
         op: ReduceKind,
-        #[serde(default = "one")]
+        #[serde(default = "one", deserialize_with = "de_f64")]
         scale: f64,
         #[serde(default)]
         correction: f64,
@@ -166,6 +168,7 @@ pub enum Instr {
         out: Operand,
         lse: Option<Operand>,
         causal: bool,
+        #[serde(deserialize_with = "de_f64")]
         scale: f64,
     },
     Conv2d {
@@ -243,6 +246,25 @@ pub enum Instr {
 
 fn one() -> f64 {
     1.0
+}
+
+/// A float that may be non-finite: JSON has no NaN/Infinity, so Python writes those as strings.
+pub fn de_f64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum F {
+        Num(f64),
+        Text(String),
+    }
+    match F::deserialize(d)? {
+        F::Num(v) => Ok(v),
+        F::Text(t) => match t.as_str() {
+            "nan" => Ok(f64::NAN),
+            "inf" => Ok(f64::INFINITY),
+            "-inf" => Ok(f64::NEG_INFINITY),
+            other => Err(serde::de::Error::custom(format!("not a number: {other:?}"))),
+        },
+    }
 }
 
 #[derive(Deserialize, Clone, Debug)]

@@ -25,8 +25,11 @@ from .telemetry import coverage, format_coverage, reset_coverage
 
 if TYPE_CHECKING:
     from ._fallback_error import FallbackError
+    from .optable import engine_ops, format_engine_ops
 
 __all__ = [
+    "engine_ops",
+    "format_engine_ops",
     "__version__",
     "Availability",
     "CacheCorruptionWarning",
@@ -60,4 +63,9 @@ def __getattr__(name: str) -> Any:
         from ._fallback_error import FallbackError
 
         return FallbackError
+    # loaded on demand so that ``python -m torchburn.optable`` runs the module fresh
+    if name in ("engine_ops", "format_engine_ops"):
+        from . import optable
+
+        return getattr(optable, name)
     raise AttributeError(f"module 'torchburn' has no attribute {name!r}")

@@ -10,6 +10,7 @@ written straight into the output tensors the caller allocates.
 from __future__ import annotations
 
 import json
+import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -55,6 +56,8 @@ class PlannedProgram:
     out_specs: list[OutputSpec]
     out_bytes: list[int]
     n_instrs: int
+    constants: tuple[torch.Tensor, ...] = ()  # tensors the graph holds (get_attr), passed after the inputs
+    intermediate_bytes: int = 0  # what the arena would need without reuse
 
 
 def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
@@ -103,6 +106,7 @@ class Planner:
         self.producer: dict[int, int] = {}  # id(Buffer) -> index of the instruction that wrote it
         self.current: torch.fx.Node | None = None
         self.in_bytes: list[int] = []
+        self.constants: list[torch.Tensor] = []
 
     # ---- buffers -------------------------------------------------------------------------------
     def new_value(self, shape: Sequence[int], dtype: torch.dtype) -> Value:
@@ -242,10 +246,13 @@ class Planner:
             else:
                 self.env[node] = arg
                 self.meta_env[node] = arg
+        for node in graph.nodes:
+            if node.op == "get_attr":
+                self._constant(node, tensor_inputs + len(self.constants))
         output_node = next(n for n in graph.nodes if n.op == "output")
         self.output_users = {n for n in output_node.all_input_nodes}
         for node in graph.nodes:
-            if node.op in ("placeholder", "output"):
+            if node.op in ("placeholder", "output", "get_attr"):
                 continue
             self.current = node
             self.meta_env[node] = self._meta(node)
@@ -253,11 +260,26 @@ class Planner:
         results = output_node.args[0]
         return self._finish(list(results) if isinstance(results, (tuple, list)) else [results])
 
+    def _constant(self, node: torch.fx.Node, index: int) -> None:
+        obj: Any = self.gm
+        for part in str(node.target).split("."):
+            obj = getattr(obj, part)
+        if not isinstance(obj, torch.Tensor) or obj.dtype not in DTYPE_NAMES or obj.device.type != "cpu":
+            raise PlanError(f"graph constant {node.target} is not a supported CPU tensor")
+        t = obj.detach()
+        buf = Buffer("in", index, _extent(t.shape, t.stride()) * t.element_size())
+        self.in_bytes.append(buf.nbytes)
+        self.constants.append(t)
+        self.env[node] = Value(buf, t.dtype, tuple(t.shape), tuple(t.stride()), 0)
+        self.meta_env[node] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
     def _meta(self, node: torch.fx.Node) -> Any:
         if node.target is operator.getitem:
             seq, idx = node.args
             return self.meta_env[seq][idx]  # type: ignore[index]
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.meta_env[n])
+        if "device" in kwargs:
+            kwargs = {**kwargs, "device": torch.device("meta")}  # factories and copies: shape only
         return node.target(*args, **kwargs)  # type: ignore[operator]
 
     def _lower(self, node: torch.fx.Node) -> Any:
@@ -313,9 +335,12 @@ class Planner:
             "arena_bytes": arena,
             "instrs": self.instrs,
         }
-        text = json.dumps(plan, default=_json_default, separators=(",", ":"))
+        text = json.dumps(_finite_json(plan), default=_json_default, separators=(",", ":"), allow_nan=False)
         out_bytes = [max(numel(s.shape), 1) * _itemsize(s.dtype) for s in out_specs]
-        return PlannedProgram(text, self.in_bytes, out_specs, out_bytes, len(self.instrs))
+        unplanned = sum(_align(b.nbytes) for b in self.buffers if b.kind == "tmp" and b.first_use >= 0)
+        return PlannedProgram(
+            text, self.in_bytes, out_specs, out_bytes, len(self.instrs), tuple(self.constants), unplanned
+        )
 
     def _place_tmp_buffers(self) -> int:
         """Greedy best-fit by size: buffers whose lifetimes overlap never share bytes."""
@@ -367,6 +392,17 @@ def _extent(shape: Sequence[int], strides: Sequence[int]) -> int:
     if any(s == 0 for s in shape):
         return 0
     return 1 + sum((s - 1) * st for s, st in zip(shape, strides, strict=True))
+
+
+def _finite_json(obj: Any) -> Any:
+    """JSON has no NaN or infinities: write them as the strings the runtime's parser accepts."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: _finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite_json(v) for v in obj]
+    return obj
 
 
 def _json_default(obj: Any) -> Any:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import json
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -18,6 +20,14 @@ def signature(args: Sequence[Any]) -> tuple[Any, ...]:
     return tuple([(a.shape, a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in args])
 
 
+_RECENT: collections.deque[CompiledRegion] = collections.deque(maxlen=64)
+
+
+def recent_regions() -> list[CompiledRegion]:
+    """The regions compiled most recently in this process (newest last), for inspection and tests."""
+    return list(_RECENT)
+
+
 class CompiledRegion:
     """A region's graph plus one Rust program per input signature (one for static shapes)."""
 
@@ -25,6 +35,23 @@ class CompiledRegion:
         self.graph_module = gm
         self._plans: dict[tuple[Any, ...], tuple[_native.Program, PlannedProgram]] = {}
         self._lock = threading.Lock()
+        _RECENT.append(self)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Per planned signature: the instruction kinds in order, the arena size, and the bytes the
+        intermediates would take without the memory plan's reuse."""
+        rows = []
+        for _, planned in list(self._plans.values()):
+            plan = json.loads(planned.plan_json)
+            rows.append(
+                {
+                    "instructions": [i["kind"] for i in plan["instrs"]],
+                    "activations": [i.get("act") for i in plan["instrs"] if i["kind"] == "matmul"],
+                    "arena_bytes": plan["arena_bytes"],
+                    "intermediate_bytes": planned.intermediate_bytes,
+                }
+            )
+        return rows
 
     def prepare(self, args: Sequence[Any]) -> tuple[_native.Program, PlannedProgram]:
         key = signature(args)
@@ -43,5 +70,8 @@ class CompiledRegion:
     def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
         program, planned = self.prepare(args)
         outs = tuple([torch.empty_strided(s.shape, s.strides, dtype=s.dtype) for s in planned.out_specs])
-        program.run([a.data_ptr() for a in args if isinstance(a, torch.Tensor)], [o.data_ptr() for o in outs])
+        ins = [a.data_ptr() for a in args if isinstance(a, torch.Tensor)]
+        if planned.constants:
+            ins += [c.data_ptr() for c in planned.constants]
+        program.run(ins, [o.data_ptr() for o in outs])
         return outs

@@ -122,6 +122,7 @@ pub enum EOp {
     },
     Const {
         d: usize,
+        #[serde(deserialize_with = "crate::plan::de_f64")]
         value: f64,
         #[serde(default)]
         ivalue: i64,

@@ -110,8 +110,8 @@ UNARY_TO_BOOL = {
 def _unary(fn: str) -> Any:
     def lowering(p: Planner, node: Any, x: Tensorish) -> Any:
         out = _out_dtype(p)
-        if fn == "relu":
-            fused = _fuse_epilogue(p, node, x, "relu")
+        if fn in EPILOGUE_ACTIVATIONS:
+            fused = _fuse_epilogue(p, node, x, fn)
             if fused is not None:
                 return fused
         return unary_expr(p, fn, x, out)

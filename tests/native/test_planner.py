@@ -1,0 +1,99 @@
+"""What the native engine's planner promises: fusion, epilogues, buffer reuse, threads, ISA, op table."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torchburn
+import torchburn_native
+from torchburn_native.program import recent_regions
+
+STRICT = {"engine": "native", "fallback": "error"}
+
+
+def _compile_and_check(fn, *args, rtol=1e-5, atol=1e-5):  # type: ignore[no-untyped-def]
+    torchburn.reset_coverage()
+    compiled = torch.compile(fn, backend="torchburn", options=STRICT)
+    with torch.no_grad():
+        got = compiled(*args)
+        want = fn(*args)
+    torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
+    ran = sum(row["engine"] for row in torchburn.coverage()["native"].values())
+    assert ran > 0
+    return recent_regions()[-1].describe()[-1]
+
+
+def test_elementwise_chain_is_one_sweep() -> None:
+    x, y = torch.randn(1000, 257), torch.randn(257)
+    plan = _compile_and_check(lambda a, b: ((a * 1.5 + b).relu() - 0.25).sigmoid() * b, x, y)
+    assert plan["instructions"] == ["elementwise"]
+
+
+@pytest.mark.parametrize(("act", "name"), [(torch.relu, "relu"), (F.gelu, "gelu"), (torch.tanh, "tanh")])
+def test_bias_and_activation_fused_into_gemm(act, name) -> None:  # type: ignore[no-untyped-def]
+    lin = torch.nn.Linear(64, 96)
+    plan = _compile_and_check(lambda t: act(lin(t)), torch.randn(33, 64), rtol=1e-4, atol=1e-5)
+    assert plan["instructions"] == ["matmul"]
+    assert plan["activations"] == [name]
+
+
+def test_memory_plan_reuses_intermediate_buffers() -> None:
+    w = [torch.randn(128, 128) / 10 for _ in range(6)]
+
+    def chain(x: torch.Tensor) -> torch.Tensor:
+        for m in w:
+            x = torch.softmax(x @ m, dim=-1) * 4
+        return x
+
+    plan = _compile_and_check(chain, torch.randn(64, 128), rtol=1e-4, atol=1e-6)
+    assert plan["instructions"].count("matmul") == 6
+    # twelve intermediates live one or two at a time: the arena holds far fewer than all of them
+    assert plan["arena_bytes"] * 3 <= plan["intermediate_bytes"]
+
+
+def _threads_in_subprocess(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    code = "import torch, torchburn_native; torch.set_num_threads(2); print(torchburn_native.num_threads())"
+    full = {k: v for k, v in os.environ.items() if k != "TORCHBURN_NUM_THREADS"} | env
+    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=120)
+
+
+def test_thread_count_from_env_or_torch() -> None:
+    assert _threads_in_subprocess({"TORCHBURN_NUM_THREADS": "1"}).stdout.strip() == "1"
+    assert _threads_in_subprocess({}).stdout.strip() == "2"
+    bad = _threads_in_subprocess({"TORCHBURN_NUM_THREADS": "lots"})
+    assert bad.returncode != 0
+    assert "TORCHBURN_NUM_THREADS must be a positive integer, got 'lots'" in bad.stderr
+
+
+def test_isa_is_reported_and_in_engine_listing() -> None:
+    isa = torchburn_native.isa()
+    assert isa in {"avx512", "avx2+fma", "x86-64 baseline (sse2)", "neon", "portable"}
+    (row,) = [r for r in torchburn.list_engines() if r.name == "native"]
+    assert row.available and isa in (row.device_name or "")
+
+
+def test_op_table_comes_from_the_registry() -> None:
+    rows = torchburn.engine_ops("native")
+    ops = {r["op"] for r in rows}
+    for needed in [
+        "aten.addmm.default",
+        "aten.convolution.default",
+        "aten._softmax.default",
+        "aten.native_layer_norm.default",
+        "aten._scaled_dot_product_flash_attention_for_cpu.default",
+        "aten.max_pool2d_with_indices.default",
+        "aten.embedding.default",
+        "aten.gather.default",
+        "aten.cat.default",
+        "aten.gelu.default",
+        "aten.where.self",
+    ]:
+        assert needed in ops
+    text = torchburn.format_engine_ops("native")
+    assert f"{len(rows)} ops:" in text
+    assert len(text.splitlines()) == len(rows) + 3
