@@ -9,9 +9,10 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-import torchburn
 import torchburn_native
 from torchburn_native.program import recent_regions
+
+import torchburn
 
 STRICT = {"engine": "native", "fallback": "error"}
 
