@@ -1,3 +1,60 @@
+//! Fused scaled-dot-product attention (flash style) for f32.
+//!
+//! Work is split into tasks of (batch, head, block of up to `QB` queries). A task walks the keys in
+//! blocks of `KB`: it computes the block's scores, folds them into a running per-query max `m` and
+//! sum `l` (online softmax), and adds the block's probabilities times values into an output
+//! accumulator, first rescaled by `exp(m_old - m_new)` where the max grew. The full
+//! `[B, H, Tq, Tk]` score tensor never exists; a task's working set (its query block, one score
+//! block, the output accumulator: about 64 KiB at `d = 64`) stays in L1/L2.
+//!
+//! Layout choices, all measured on the (4, 8, 128, 64) benchmark:
+//! * The score block is computed transposed, `Sᵀ = K · (scale·Q)ᵀ` (keys × queries). K is then read
+//!   in place (no per-block packing; only the query block is packed, once per task, with `scale`
+//!   folded in), and the softmax runs down columns, vectorized across `NR` queries with the running
+//!   max and sum in registers, instead of one row at a time with horizontal reductions.
+//! * `P · V` reads `Pᵀ` with broadcasts and V's rows in place (only a partial last `NR`-column
+//!   panel is copied and zero-padded).
+//! * Both products run on one register-blocked micro-kernel (`MR`×`NR` accumulators,
+//!   broadcast-A / vector-B, FMA), at about 85% of the FMA peak of the Zen 3 test machine. The
+//!   `gemm` crate ([`crate::kernels::gemm`]) needs 1.75 ms single-threaded for just the products of
+//!   that benchmark against about 1.65 ms here, and would force the row-major score layout.
+//! * `exp` is a local variant (`exp_attn`) with the range handling cut to what online softmax
+//!   needs.
+//!
+//! Semantics follow `torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`:
+//! * scores are `scale · q·k + mask` (additive mask) or `-inf` where a boolean mask is 0;
+//! * `causal` is PyTorch's `is_causal`: the top-left aligned lower triangle, query `i` sees keys
+//!   `j <= i` (also when `tq != tk`), combined with any explicit mask;
+//! * `lse` is the natural log-sum-exp of the scaled, masked scores of each query row;
+//! * a row whose every key is masked yields an output row of zeros and an `lse` of 0 (PyTorch
+//!   resets such a row's max from `-inf` to 0 and its sum from 0 to 1, then computes
+//!   `out = acc / sum`, `lse = max + ln(sum)`); this kernel applies the same rule, so the two agree
+//!   exactly there (checked against PyTorch 2.15's output).
+//!
+//! NaN in `q`/`k`/`v` or the mask propagates to the affected output rows.
+//!
+//! Hot loops are plain `for` loops: a closure handed to an iterator adaptor that does not get
+//! inlined is compiled without the multiversioned caller's target features (no FMA, no AVX).
+
+use multiversion::multiversion;
+use rayon::prelude::*;
+
+/// Micro-kernel width in f32 columns (two AVX2 registers, one AVX-512 register).
+const NR: usize = 16;
+/// Micro-kernel height: `MR × 2` AVX2 accumulators plus two B vectors and a broadcast fit 16
+/// registers.
+const MR: usize = 6;
+/// Largest block of queries per task (smaller when there are too few tasks to keep every thread
+/// busy).
+const QB: usize = 64;
+/// Keys per block of the online softmax.
+const KB: usize = 128;
+/// Below this many multiply-adds the whole call runs on the calling thread.
+const SERIAL_MAX_FLOPS: usize = 1 << 20;
+
+/// Dimensions of one attention call: `q [b, h, tq, d]`, `k [b, h, tk, d]`, `v [b, h, tk, dv]`,
+/// `out [b, h, tq, dv]`, all contiguous.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SdpaShape {
     pub b: usize,
     pub h: usize,
@@ -6,27 +63,915 @@ pub struct SdpaShape {
     pub d: usize,
     pub dv: usize,
 }
+
+/// An attention mask over `(batch, head, query, key)`, addressed by `strides` in elements
+/// (`data[b·s0 + h·s1 + q·s2 + k·s3]`); a stride of 0 broadcasts that axis.
+#[derive(Clone, Copy, Debug)]
 pub enum AttnMask<'a> {
+    /// Added to the scaled scores (`-inf` masks a key out).
     Additive {
         data: &'a [f32],
         strides: [usize; 4],
     },
-    Keep {
-        data: &'a [u8],
-        strides: [usize; 4],
-    },
+    /// PyTorch's boolean mask: nonzero = attend, 0 = masked out.
+    Keep { data: &'a [u8], strides: [usize; 4] },
 }
+
+impl AttnMask<'_> {
+    fn parts(&self) -> (usize, [usize; 4]) {
+        match self {
+            AttnMask::Additive { data, strides } => (data.len(), *strides),
+            AttnMask::Keep { data, strides } => (data.len(), *strides),
+        }
+    }
+}
+
+/// Everything a task reads.
+struct Ctx<'a> {
+    s: SdpaShape,
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    mask: Option<AttnMask<'a>>,
+    causal: bool,
+    scale: f32,
+}
+
+/// Per-thread working buffers, sized once for the largest block.
+struct Scratch {
+    /// The query block, transposed into panels of `NR` queries (`d × NR` each).
+    qp: Vec<f32>,
+    /// Transposed scores, then probabilities: `[kb, qb_pad]` (key-major, so the softmax over keys
+    /// runs down columns and vectorizes across queries).
+    st: Vec<f32>,
+    /// Output accumulator `[qb, dv_pad]`.
+    o: Vec<f32>,
+    /// The last, partial `NR`-column panel of a value block, zero-padded (`kb × NR`).
+    vtail: Vec<f32>,
+    /// Per query (padded to `NR`): running max, running sum, this block's rescale factor.
+    m: Vec<f32>,
+    l: Vec<f32>,
+    corr: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(s: &SdpaShape, qb: usize) -> Self {
+        let qb_pad = qb.div_ceil(NR) * NR;
+        let kb = KB.min(s.tk);
+        let dv_pad = s.dv.div_ceil(NR) * NR;
+        Scratch {
+            qp: vec![0.0; qb_pad * s.d],
+            st: vec![0.0; kb * qb_pad],
+            o: vec![0.0; qb * dv_pad],
+            vtail: vec![0.0; kb * NR],
+            m: vec![0.0; qb_pad],
+            l: vec![0.0; qb_pad],
+            corr: vec![0.0; qb_pad],
+        }
+    }
+}
+
+/// A read-only matrix operand: element `(i, p)` at `ptr[i·rs + p·cs]`.
+#[derive(Clone, Copy)]
+struct MatA {
+    ptr: *const f32,
+    rs: usize,
+    cs: usize,
+}
+
+/// `C[M × NR] (+)= A[M × k] · B[k × NR]`, `B`'s row `p` the `NR` contiguous floats at `b + p·ldb`,
+/// `C` row-major with row stride `ldc`. `M × NR` accumulators stay in registers (`M·2` AVX2
+/// vectors).
+///
+/// # Safety
+/// `a` must be readable for `M × k`, `b` for `k` rows of `NR`, `c` writable (and, with
+/// `accumulate`, readable) for `M` rows of `NR`; `c` must not overlap `a` or `b`.
+#[inline(always)]
+unsafe fn tile<const M: usize>(
+    k: usize,
+    a: MatA,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    let mut acc = [[0f32; NR]; M];
+    if accumulate {
+        for (i, row) in acc.iter_mut().enumerate() {
+            // SAFETY: row i of C, NR columns, inside the caller's extent.
+            *row = unsafe { *(c.add(i * ldc) as *const [f32; NR]) };
+        }
+    }
+    for p in 0..k {
+        // SAFETY: row p of B, inside the caller's extent.
+        let bp = unsafe { &*(b.add(p * ldb) as *const [f32; NR]) };
+        for (i, row) in acc.iter_mut().enumerate() {
+            // SAFETY: element (i, p) of A, inside the caller's extent.
+            let av = unsafe { *a.ptr.add(i * a.rs + p * a.cs) };
+            for j in 0..NR {
+                row[j] = av.mul_add(bp[j], row[j]);
+            }
+        }
+    }
+    for (i, row) in acc.iter().enumerate() {
+        // SAFETY: row i of C, as above.
+        unsafe { *(c.add(i * ldc) as *mut [f32; NR]) = *row };
+    }
+}
+
+/// `C[m × npanels·NR] (+)= A[m × k] · B`, where column panel `pn` of `B` (`k × NR`, row stride
+/// `ldb`) starts at `b + pn·panel_stride` and lands in columns `pn·NR ..` of `C`.
+///
+/// # Safety
+/// As `tile`, for every panel: `A` readable for `m × k`, `B`'s panels readable, `C` writable for
+/// `m` rows of `npanels · NR` columns (stride `ldc`).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn gemm_panels(
+    m: usize,
+    k: usize,
+    a: MatA,
+    b: *const f32,
+    ldb: usize,
+    panel_stride: usize,
+    npanels: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    for pn in 0..npanels {
+        // SAFETY (whole block): every tile stays inside the extents the caller guarantees.
+        unsafe {
+            let b = b.add(pn * panel_stride);
+            let c = c.add(pn * NR);
+            let mut i = 0;
+            while i + MR <= m {
+                let ai = MatA {
+                    ptr: a.ptr.add(i * a.rs),
+                    ..a
+                };
+                tile::<MR>(k, ai, b, ldb, c.add(i * ldc), ldc, accumulate);
+                i += MR;
+            }
+            let (ai, c) = (
+                MatA {
+                    ptr: a.ptr.add(i * a.rs),
+                    ..a
+                },
+                c.add(i * ldc),
+            );
+            match m - i {
+                0 => {}
+                1 => tile::<1>(k, ai, b, ldb, c, ldc, accumulate),
+                2 => tile::<2>(k, ai, b, ldb, c, ldc, accumulate),
+                3 => tile::<3>(k, ai, b, ldb, c, ldc, accumulate),
+                4 => tile::<4>(k, ai, b, ldb, c, ldc, accumulate),
+                5 => tile::<5>(k, ai, b, ldb, c, ldc, accumulate),
+                r => unreachable!("remainder {r} >= MR"),
+            }
+        }
+    }
+}
+
+/// `exp(x)` for the `x <= 0` of online softmax (`score - max`, `old max - new max`), NaN and
+/// `-inf`.
+///
+/// The polynomial of [`crate::kernels::math::exp_f32`] (within 2 ULP) with the range handling cut
+/// to what attention needs, about 17 vector operations instead of 27: results below `2^-126`
+/// (`x < -87.3`) flush to 0, so no two-factor scaling, and `-inf` (masked keys) gives exactly 0
+/// because clamping at -88 makes the exponent field 0. NaN passes through the clamp and the
+/// arithmetic.
+#[inline(always)]
+fn exp_attn(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    /// `t = v + 1.5·2^23` rounds `v` to an integer `n` held in t's low mantissa bits (|n| < 2^22).
+    const ROUND_MAGIC: f32 = 12_582_912.0;
+    // one maxps: a NaN x compares false and is kept
+    let xc = if x < -88.0 { -88.0 } else { x };
+    let t = xc.mul_add(LOG2E, ROUND_MAGIC);
+    let n = t - ROUND_MAGIC;
+    let r = n.mul_add(-LN2_HI, xc);
+    let r = n.mul_add(-LN2_LO, r);
+    let p = 1.987_569_1e-4_f32;
+    let p = p.mul_add(r, 1.398_199_9e-3);
+    let p = p.mul_add(r, 8.333_452e-3);
+    let p = p.mul_add(r, 4.166_579_6e-2);
+    let p = p.mul_add(r, 1.666_666_5e-1);
+    let p = p.mul_add(r, 0.5);
+    let p = (p * r).mul_add(r, r) + 1.0;
+    // 2^n straight from t's bits: n + 127 in the exponent field; n = -127 (x <= -88) gives +0.0
+    let scale = f32::from_bits(
+        (t.to_bits()
+            .wrapping_sub(ROUND_MAGIC.to_bits())
+            .wrapping_add(127))
+            << 23,
+    );
+    p * scale
+}
+
+/// Applies the mask and causality to the (already scaled) scores of key `kj` against queries
+/// `q0 .. q0 + row.len()` of head `(bi, hi)`.
+#[inline(always)]
+fn mask_keyrow(row: &mut [f32], ctx: &Ctx<'_>, bi: usize, hi: usize, q0: usize, kj: usize) {
+    let qn = row.len();
+    match ctx.mask {
+        None => {}
+        Some(AttnMask::Additive { data, strides: st }) => {
+            let base = bi * st[0] + hi * st[1] + q0 * st[2] + kj * st[3];
+            match st[2] {
+                0 => {
+                    let a = data[base];
+                    for v in row.iter_mut() {
+                        *v += a;
+                    }
+                }
+                1 => {
+                    for (v, &a) in row.iter_mut().zip(&data[base..base + qn]) {
+                        *v += a;
+                    }
+                }
+                s2 => {
+                    for (i, v) in row.iter_mut().enumerate() {
+                        *v += data[base + i * s2];
+                    }
+                }
+            }
+        }
+        Some(AttnMask::Keep { data, strides: st }) => {
+            let base = bi * st[0] + hi * st[1] + q0 * st[2] + kj * st[3];
+            match st[2] {
+                0 => {
+                    if data[base] == 0 {
+                        row.fill(f32::NEG_INFINITY);
+                    }
+                }
+                s2 => {
+                    for (i, v) in row.iter_mut().enumerate() {
+                        if data[base + i * s2] == 0 {
+                            *v = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if ctx.causal {
+        // query q0 + i sees key kj only when kj <= q0 + i
+        row[..kj.saturating_sub(q0).min(qn)].fill(f32::NEG_INFINITY);
+    }
+}
+
+/// Attention for queries `q0 .. q0 + qn` of head `bh` (flattened batch·head) into `out` (`qn × dv`)
+/// and `lse` (`qn`).
+#[multiversion(targets("x86_64+avx2+fma", "x86_64+avx512f", "aarch64+neon"))]
+fn attend_block(
+    ctx: &Ctx<'_>,
+    bh: usize,
+    q0: usize,
+    qn: usize,
+    out: &mut [f32],
+    lse: Option<&mut [f32]>,
+    sc: &mut Scratch,
+) {
+    let SdpaShape {
+        h, tq, tk, d, dv, ..
+    } = ctx.s;
+    let (bi, hi) = (bh / h, bh % h);
+    let qm = &ctx.q[(bh * tq + q0) * d..][..qn * d];
+    let kh = &ctx.k[bh * tk * d..][..tk * d];
+    let vh = &ctx.v[bh * tk * dv..][..tk * dv];
+    let qpn = qn.div_ceil(NR);
+    let qn_pad = qpn * NR;
+    let (dv_full, dv_tail) = (dv / NR, dv % NR);
+    let dv_pad = dv.div_ceil(NR) * NR;
+    let masked = ctx.mask.is_some() || ctx.causal;
+
+    // Q block, times `scale` (folded here once instead of into every score), -> panels of NR
+    // queries, d × NR each (query-minor), zero past qn
+    if d > 0 {
+        let qp = &mut sc.qp[..qn_pad * d];
+        for (pn, panel) in qp.chunks_exact_mut(d * NR).enumerate() {
+            for ii in 0..NR {
+                let i = pn * NR + ii;
+                if i < qn {
+                    for (dd, &qv) in qm[i * d..][..d].iter().enumerate() {
+                        panel[dd * NR + ii] = qv * ctx.scale;
+                    }
+                } else {
+                    for dd in 0..d {
+                        panel[dd * NR + ii] = 0.0;
+                    }
+                }
+            }
+        }
+    }
+
+    // per-query state, over all qn_pad columns (the padding columns are computed and ignored)
+    let (m, l, corr) = (
+        &mut sc.m[..qn_pad],
+        &mut sc.l[..qn_pad],
+        &mut sc.corr[..qn_pad],
+    );
+    m.fill(f32::NEG_INFINITY);
+    l.fill(0.0);
+    // causal: the block's last query sees keys < q0 + qn, so later key blocks are skipped entirely
+    let k_end = if ctx.causal { tk.min(q0 + qn) } else { tk };
+    let mut first = true;
+    for k0 in (0..k_end).step_by(KB) {
+        let kn = KB.min(k_end - k0);
+        let st = &mut sc.st[..kn * qn_pad];
+        // Sᵀ = K · (scale·Q)ᵀ: rows are keys, columns queries
+        let kmat = MatA {
+            ptr: kh[k0 * d..].as_ptr(),
+            rs: d,
+            cs: 1,
+        };
+        // SAFETY: K rows k0 .. k0 + kn of d floats; qp holds qpn panels of d × NR; st is kn ×
+        // qn_pad.
+        unsafe {
+            gemm_panels(
+                kn,
+                d,
+                kmat,
+                sc.qp.as_ptr(),
+                NR,
+                d * NR,
+                qpn,
+                st.as_mut_ptr(),
+                qn_pad,
+                false,
+            )
+        };
+        if masked {
+            for (j, row) in st.chunks_exact_mut(qn_pad).enumerate() {
+                mask_keyrow(&mut row[..qn], ctx, bi, hi, q0, k0 + j);
+            }
+        }
+
+        // online softmax down the columns, NR queries at a time with the column state in registers
+        for c0 in (0..qn_pad).step_by(NR) {
+            let m_old: [f32; NR] = m[c0..c0 + NR].try_into().unwrap();
+            let mut mx = m_old;
+            for row in st.chunks_exact(qn_pad) {
+                let row: &[f32; NR] = row[c0..c0 + NR].try_into().unwrap();
+                for (a, &v) in mx.iter_mut().zip(row) {
+                    *a = if v > *a { v } else { *a };
+                }
+            }
+            // nothing visible yet: keep max -inf but subtract 0, so exp gives 0 rather than NaN
+            let mut mu = mx;
+            for v in mu.iter_mut() {
+                *v = if *v == f32::NEG_INFINITY { 0.0 } else { *v };
+            }
+            let mut sum = [0f32; NR];
+            for row in st.chunks_exact_mut(qn_pad) {
+                let row: &mut [f32; NR] = (&mut row[c0..c0 + NR]).try_into().unwrap();
+                for ((v, s), &u) in row.iter_mut().zip(sum.iter_mut()).zip(&mu) {
+                    *v = exp_attn(*v - u);
+                    *s += *v;
+                }
+            }
+            for i in 0..NR {
+                let c = exp_attn(m_old[i] - mu[i]);
+                corr[c0 + i] = c;
+                l[c0 + i] = l[c0 + i].mul_add(c, sum[i]);
+                m[c0 + i] = mx[i];
+            }
+        }
+
+        // O = corr · O + P · V
+        let o = &mut sc.o[..qn * dv_pad];
+        if !first {
+            for (orow, &c) in o.chunks_exact_mut(dv_pad).zip(corr.iter()) {
+                for v in orow.iter_mut() {
+                    *v *= c;
+                }
+            }
+        }
+        let pmat = MatA {
+            ptr: st.as_ptr(),
+            rs: 1,
+            cs: qn_pad,
+        };
+        let vb = &vh[k0 * dv..][..kn * dv];
+        // SAFETY: P is qn × kn inside st; the full panels are whole NR-column slices of V's kn
+        // rows; o is qn × dv_pad.
+        unsafe {
+            gemm_panels(
+                qn,
+                kn,
+                pmat,
+                vb.as_ptr(),
+                dv,
+                NR,
+                dv_full,
+                o.as_mut_ptr(),
+                dv_pad,
+                !first,
+            )
+        };
+        if dv_tail > 0 {
+            let vt = &mut sc.vtail[..kn * NR];
+            for (dst, src) in vt.chunks_exact_mut(NR).zip(vb.chunks_exact(dv)) {
+                dst[..dv_tail].copy_from_slice(&src[dv_full * NR..]);
+                dst[dv_tail..].fill(0.0);
+            }
+            // SAFETY: vt is kn × NR; the tail panel's columns dv_full·NR .. dv_pad lie inside o's
+            // rows.
+            unsafe {
+                let c = o.as_mut_ptr().add(dv_full * NR);
+                gemm_panels(qn, kn, pmat, vt.as_ptr(), NR, 0, 1, c, dv_pad, !first)
+            };
+        }
+        first = false;
+    }
+
+    // normalise, with PyTorch's reset for fully masked rows (max -inf -> 0, sum 0 -> 1)
+    for i in 0..qn {
+        let sum = if l[i] == 0.0 { 1.0 } else { l[i] };
+        let orow = &mut out[i * dv..][..dv];
+        if first {
+            orow.fill(0.0);
+        } else {
+            let inv = 1.0 / sum;
+            for (dst, &acc) in orow.iter_mut().zip(&sc.o[i * dv_pad..][..dv]) {
+                *dst = acc * inv;
+            }
+        }
+        l[i] = sum;
+    }
+    if let Some(lse) = lse {
+        for i in 0..qn {
+            let mx = if m[i] == f32::NEG_INFINITY { 0.0 } else { m[i] };
+            lse[i] = mx + l[i].ln();
+        }
+    }
+}
+
+/// One task: a block of queries of one head and the output rows it alone writes.
+struct Item<'o> {
+    bh: usize,
+    q0: usize,
+    qn: usize,
+    out: &'o mut [f32],
+    lse: Option<&'o mut [f32]>,
+}
+
+/// Fused scaled-dot-product attention, f32: `out = softmax(scale · q·kᵀ + mask) · v` per batch and
+/// head, never materialising the `[b, h, tq, tk]` score tensor. See the module docs for masking,
+/// `causal`, `lse` and fully masked rows (zeros, `lse` 0).
+///
+/// `q [b,h,tq,d]`, `k [b,h,tk,d]`, `v [b,h,tk,dv]`, `out [b,h,tq,dv]` contiguous; `lse`, if given,
+/// `[b,h,tq]`. Panics if a slice length does not match `s` or a mask index would fall outside its
+/// data.
 #[allow(clippy::too_many_arguments)]
 pub fn sdpa_f32(
-    _s: &SdpaShape,
-    _q: &[f32],
-    _k: &[f32],
-    _v: &[f32],
-    _m: Option<AttnMask<'_>>,
-    _c: bool,
-    _sc: f32,
-    _o: &mut [f32],
-    _l: Option<&mut [f32]>,
+    s: &SdpaShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: Option<AttnMask<'_>>,
+    causal: bool,
+    scale: f32,
+    out: &mut [f32],
+    lse: Option<&mut [f32]>,
 ) {
-    unimplemented!()
+    let &SdpaShape {
+        b,
+        h,
+        tq,
+        tk,
+        d,
+        dv,
+    } = s;
+    let len = |dims: &[usize]| {
+        dims.iter()
+            .try_fold(1usize, |a, &x| a.checked_mul(x))
+            .expect("sdpa: shape overflows")
+    };
+    let check = |what: &str, got: usize, dims: &[usize]| {
+        let want = len(dims);
+        assert_eq!(
+            got, want,
+            "sdpa: {what} has {got} elements, shape {dims:?} needs {want}"
+        );
+    };
+    check("q", q.len(), &[b, h, tq, d]);
+    check("k", k.len(), &[b, h, tk, d]);
+    check("v", v.len(), &[b, h, tk, dv]);
+    check("out", out.len(), &[b, h, tq, dv]);
+    if let Some(l) = lse.as_deref() {
+        check("lse", l.len(), &[b, h, tq]);
+    }
+    if let Some(mk) = &mask {
+        let (mlen, st) = mk.parts();
+        if b * h * tq * tk > 0 {
+            let last = (b - 1) * st[0] + (h - 1) * st[1] + (tq - 1) * st[2] + (tk - 1) * st[3];
+            assert!(
+                last < mlen,
+                "sdpa: mask has {mlen} elements, strides {st:?} reach index {last}"
+            );
+        }
+    }
+    if b * h * tq == 0 {
+        return;
+    }
+    let ctx = Ctx {
+        s: *s,
+        q,
+        k,
+        v,
+        mask,
+        causal,
+        scale,
+    };
+
+    let threads = rayon::current_num_threads();
+    let mut qb = QB.min(tq);
+    while qb > 16 && b * h * tq.div_ceil(qb) < 4 * threads {
+        qb /= 2;
+    }
+    let mut items = Vec::with_capacity(b * h * tq.div_ceil(qb));
+    let (mut out_rest, mut lse_rest) = (out, lse);
+    for bh in 0..b * h {
+        for q0 in (0..tq).step_by(qb) {
+            let qn = qb.min(tq - q0);
+            let (o, rest) = std::mem::take(&mut out_rest).split_at_mut(qn * dv);
+            out_rest = rest;
+            let l = lse_rest.take().map(|ls| {
+                let (l, rest) = ls.split_at_mut(qn);
+                lse_rest = Some(rest);
+                l
+            });
+            items.push(Item {
+                bh,
+                q0,
+                qn,
+                out: o,
+                lse: l,
+            });
+        }
+    }
+    let run = |sc: &mut Scratch, it: Item<'_>| {
+        attend_block(&ctx, it.bh, it.q0, it.qn, it.out, it.lse, sc)
+    };
+    let flops = b * h * tq * tk * (d + dv);
+    if flops < SERIAL_MAX_FLOPS || items.len() == 1 {
+        let mut sc = Scratch::new(s, qb);
+        items.into_iter().for_each(|it| run(&mut sc, it));
+    } else {
+        items
+            .into_par_iter()
+            .for_each_init(|| Scratch::new(s, qb), run);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(len: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32
+            })
+            .collect()
+    }
+
+    /// Naive f64 attention with PyTorch's conventions; returns (out, lse).
+    fn reference(
+        s: &SdpaShape,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        mask: Option<AttnMask<'_>>,
+        causal: bool,
+        scale: f32,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let SdpaShape {
+            b,
+            h,
+            tq,
+            tk,
+            d,
+            dv,
+        } = *s;
+        let mut out = vec![0.0; b * h * tq * dv];
+        let mut lse = vec![0.0; b * h * tq];
+        for bi in 0..b {
+            for hi in 0..h {
+                let bh = bi * h + hi;
+                for i in 0..tq {
+                    let scores: Vec<f64> = (0..tk)
+                        .map(|j| {
+                            let dot: f64 = (0..d)
+                                .map(|t| {
+                                    q[(bh * tq + i) * d + t] as f64
+                                        * k[(bh * tk + j) * d + t] as f64
+                                })
+                                .sum();
+                            let mut sc = dot * scale as f64;
+                            if let Some(m) = &mask {
+                                match m {
+                                    AttnMask::Additive { data, strides: st } => {
+                                        sc += data[bi * st[0] + hi * st[1] + i * st[2] + j * st[3]]
+                                            as f64
+                                    }
+                                    AttnMask::Keep { data, strides: st } => {
+                                        if data[bi * st[0] + hi * st[1] + i * st[2] + j * st[3]]
+                                            == 0
+                                        {
+                                            sc = f64::NEG_INFINITY
+                                        }
+                                    }
+                                }
+                            }
+                            if causal && j > i {
+                                sc = f64::NEG_INFINITY;
+                            }
+                            sc
+                        })
+                        .collect();
+                    let mx = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let mx = if mx == f64::NEG_INFINITY { 0.0 } else { mx };
+                    let p: Vec<f64> = scores.iter().map(|&x| (x - mx).exp()).collect();
+                    let sum: f64 = p.iter().sum();
+                    let sum = if sum == 0.0 { 1.0 } else { sum };
+                    lse[bh * tq + i] = mx + sum.ln();
+                    for c in 0..dv {
+                        let acc: f64 = (0..tk)
+                            .map(|j| p[j] * v[(bh * tk + j) * dv + c] as f64)
+                            .sum();
+                        out[(bh * tq + i) * dv + c] = acc / sum;
+                    }
+                }
+            }
+        }
+        (out, lse)
+    }
+
+    fn check(s: SdpaShape, mask: Option<AttnMask<'_>>, causal: bool) -> (Vec<f32>, Vec<f32>) {
+        let q = data(s.b * s.h * s.tq * s.d, 1 + s.tq as u64);
+        let k = data(s.b * s.h * s.tk * s.d, 2 + s.tk as u64);
+        let v = data(s.b * s.h * s.tk * s.dv, 3 + s.dv as u64);
+        // a large scale makes the softmax peaky, which exercises the running-max rescaling
+        let scale = 3.0 / (s.d.max(1) as f32).sqrt();
+        let mut out = vec![f32::NAN; s.b * s.h * s.tq * s.dv];
+        let mut lse = vec![f32::NAN; s.b * s.h * s.tq];
+        sdpa_f32(
+            &s,
+            &q,
+            &k,
+            &v,
+            mask,
+            causal,
+            scale,
+            &mut out,
+            Some(&mut lse),
+        );
+        let (want, want_lse) = reference(&s, &q, &k, &v, mask, causal, scale);
+        for (i, (&g, &w)) in out.iter().zip(&want).enumerate() {
+            assert!(
+                (g as f64 - w).abs() < 2e-5 * (1.0 + w.abs()),
+                "{s:?} causal={causal} out[{i}]: {g} vs {w}"
+            );
+        }
+        for (i, (&g, &w)) in lse.iter().zip(&want_lse).enumerate() {
+            assert!(
+                (g as f64 - w).abs() < 2e-5 * (1.0 + w.abs()),
+                "{s:?} causal={causal} lse[{i}]: {g} vs {w}"
+            );
+        }
+        // without lse the output is the same
+        let mut out2 = vec![f32::NAN; out.len()];
+        sdpa_f32(&s, &q, &k, &v, mask, causal, scale, &mut out2, None);
+        assert_eq!(out, out2);
+        (out, lse)
+    }
+
+    fn shape(b: usize, h: usize, tq: usize, tk: usize, d: usize, dv: usize) -> SdpaShape {
+        SdpaShape {
+            b,
+            h,
+            tq,
+            tk,
+            d,
+            dv,
+        }
+    }
+
+    #[test]
+    fn unmasked_odd_sizes() {
+        for s in [
+            shape(1, 1, 1, 1, 1, 1),
+            shape(2, 3, 5, 7, 5, 7),
+            shape(1, 2, 13, 17, 16, 33),
+            shape(1, 1, 3, 4, 0, 2),
+        ] {
+            check(s, None, false);
+        }
+    }
+
+    #[test]
+    fn several_key_and_query_blocks() {
+        // tk over KB (several online-softmax steps), tq over QB, d and dv not multiples of NR
+        for causal in [false, true] {
+            check(shape(1, 2, 130, 300, 64, 40), None, causal);
+            check(shape(2, 1, 70, 129, 24, 16), None, causal);
+        }
+    }
+
+    #[test]
+    fn causal_with_unequal_lengths() {
+        for (tq, tk) in [(5, 3), (3, 9), (200, 70), (70, 200), (1, 1), (4, 4)] {
+            check(shape(2, 2, tq, tk, 8, 8), None, true);
+        }
+    }
+
+    #[test]
+    fn additive_mask_with_broadcast() {
+        let (b, h, tq, tk) = (2, 3, 9, 150);
+        // key padding mask [b, 1, 1, tk]: batch 1 masks its last 60 keys
+        let pad: Vec<f32> = (0..b * tk)
+            .map(|i| {
+                if i / tk == 1 && i % tk >= 90 {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let m = AttnMask::Additive {
+            data: &pad,
+            strides: [tk, 0, 0, 1],
+        };
+        check(shape(b, h, tq, tk, 16, 16), Some(m), false);
+        check(shape(b, h, tq, tk, 16, 16), Some(m), true);
+        // full bias [b, h, tq, tk]
+        let bias = data(b * h * tq * tk, 77);
+        let m = AttnMask::Additive {
+            data: &bias,
+            strides: [h * tq * tk, tq * tk, tk, 1],
+        };
+        check(shape(b, h, tq, tk, 16, 16), Some(m), false);
+        // per-query bias broadcast over keys (key stride 0) and heads
+        let per_q = data(tq, 78);
+        let m = AttnMask::Additive {
+            data: &per_q,
+            strides: [0, 0, 1, 0],
+        };
+        check(shape(b, h, tq, tk, 16, 16), Some(m), false);
+        // transposed [tk, tq] storage (key stride != 1)
+        let kt = data(tq * tk, 79);
+        let m = AttnMask::Additive {
+            data: &kt,
+            strides: [0, 0, 1, tq],
+        };
+        check(shape(b, h, tq, tk, 16, 16), Some(m), true);
+    }
+
+    #[test]
+    fn bool_mask_and_fully_masked_rows() {
+        let (tq, tk) = (6, 140);
+        // [tq, tk] broadcast over batch and head; row 2 masks every key
+        let keep: Vec<u8> = (0..tq * tk)
+            .map(|i| u8::from(i / tk != 2 && (i % tk) % 3 != 1))
+            .collect();
+        let m = AttnMask::Keep {
+            data: &keep,
+            strides: [0, 0, tk, 1],
+        };
+        let s = shape(2, 2, tq, tk, 8, 12);
+        let (out, lse) = check(s, Some(m), false);
+        for bh in 0..4 {
+            assert!(
+                out[(bh * tq + 2) * 12..][..12].iter().all(|&x| x == 0.0),
+                "fully masked row is zeros"
+            );
+            assert_eq!(lse[bh * tq + 2], 0.0, "fully masked row has lse 0");
+        }
+        check(s, Some(m), true);
+        // an all -inf additive row, and causal rows emptied by the mask
+        let mut add = vec![0f32; tq * tk];
+        add[..tk].fill(f32::NEG_INFINITY);
+        let m = AttnMask::Additive {
+            data: &add,
+            strides: [0, 0, tk, 1],
+        };
+        let (out, lse) = check(s, Some(m), true);
+        assert!(out[..12].iter().all(|&x| x == 0.0) && lse[0] == 0.0);
+        // keys masked so that a whole first key block is invisible: rescaling from an empty start
+        let keep: Vec<u8> = (0..tk).map(|j| u8::from(j >= KB)).collect();
+        check(
+            s,
+            Some(AttnMask::Keep {
+                data: &keep,
+                strides: [0, 0, 0, 1],
+            }),
+            false,
+        );
+        // no keys at all
+        let mut out = vec![f32::NAN; 2 * 3];
+        let mut lse = vec![f32::NAN; 2];
+        sdpa_f32(
+            &shape(1, 1, 2, 0, 4, 3),
+            &[0.5; 8],
+            &[],
+            &[],
+            None,
+            false,
+            1.0,
+            &mut out,
+            Some(&mut lse),
+        );
+        assert_eq!((out, lse), (vec![0.0; 6], vec![0.0; 2]));
+    }
+
+    #[test]
+    fn parallel_path_matches() {
+        check(shape(4, 8, 128, 128, 64, 64), None, false);
+        check(shape(2, 4, 100, 100, 32, 32), None, true);
+    }
+
+    #[test]
+    fn exp_attn_accuracy_and_special_values() {
+        for i in 0..=1_750_000 {
+            let x = -(i as f32) * 5e-5;
+            let (got, want) = (exp_attn(x) as f64, (x as f64).exp());
+            if x < -87.33 {
+                // below 2^-126: flushed to zero (or, just above, the nearest normal result)
+                assert!(
+                    got == 0.0 || (got - want).abs() <= 3e-7 * want,
+                    "exp({x}) = {got} want {want}"
+                );
+            } else {
+                assert!(
+                    (got - want).abs() <= 3e-7 * want,
+                    "exp({x}) = {got} want {want}"
+                );
+            }
+        }
+        assert_eq!(exp_attn(0.0), 1.0);
+        assert_eq!(exp_attn(-88.0), 0.0);
+        assert_eq!(exp_attn(-1e30), 0.0);
+        assert_eq!(exp_attn(f32::NEG_INFINITY), 0.0);
+        assert!(exp_attn(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn nan_propagates_to_its_row() {
+        let s = shape(1, 1, 3, 5, 4, 4);
+        let mut q = data(12, 1);
+        q[4] = f32::NAN; // query 1
+        let (k, v) = (data(20, 2), data(20, 3));
+        let mut out = vec![0f32; 12];
+        sdpa_f32(&s, &q, &k, &v, None, false, 0.5, &mut out, None);
+        assert!(out[4..8].iter().all(|x| x.is_nan()));
+        assert!(out[..4].iter().chain(&out[8..]).all(|x| x.is_finite()));
+    }
+
+    #[test]
+    #[should_panic(expected = "sdpa: mask has 10 elements")]
+    fn mask_extent_checked() {
+        let s = shape(1, 1, 2, 6, 1, 1);
+        let m = AttnMask::Keep {
+            data: &[1; 10],
+            strides: [0, 0, 6, 1],
+        };
+        sdpa_f32(
+            &s,
+            &[0.0; 2],
+            &[0.0; 6],
+            &[0.0; 6],
+            Some(m),
+            false,
+            1.0,
+            &mut [0.0; 2],
+            None,
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "sdpa: v has 5 elements")]
+    fn lengths_checked() {
+        let s = shape(1, 1, 2, 6, 1, 1);
+        sdpa_f32(
+            &s,
+            &[0.0; 2],
+            &[0.0; 6],
+            &[0.0; 5],
+            None,
+            false,
+            1.0,
+            &mut [0.0; 2],
+            None,
+        );
+    }
 }
