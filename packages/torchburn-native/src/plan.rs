@@ -58,6 +58,9 @@ impl Operand {
     }
 
     pub fn is_contiguous(&self) -> bool {
+        if self.numel() == 0 {
+            return true; // nothing to lay out
+        }
         let mut expected = 1isize;
         for (&size, &stride) in self.shape.iter().zip(&self.strides).rev() {
             if size != 1 && stride != expected {
