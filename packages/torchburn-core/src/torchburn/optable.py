@@ -15,7 +15,7 @@ def engine_ops(engine: str | None = None) -> list[dict[str, str]]:
     """One row per op the engine registers (op, family, dtypes, max_rank, layout), sorted by family."""
     from .engines.discovery import active_engine
 
-    eng = get_engine(engine) if engine else active_engine()
+    eng = get_engine(engine or active_engine())
     return eng.ops.rows()
 
 
