@@ -21,11 +21,11 @@ pub fn exp_f32(x: f32) -> f32 {
     let n = (xc * LOG2E + ROUND_MAGIC) - ROUND_MAGIC;
     let r = xc - n * LN2_HI - n * LN2_LO;
     let p = 1.987_569_1e-4_f32;
-    let p = (p * r + 1.398_199_9e-3);
-    let p = (p * r + 8.333_452e-3);
-    let p = (p * r + 4.166_579_6e-2);
-    let p = (p * r + 1.666_666_5e-1);
-    let p = (p * r + 5.000_000_1e-1);
+    let p = p * r + 1.398_199_9e-3;
+    let p = p * r + 8.333_452e-3;
+    let p = p * r + 4.166_579_6e-2;
+    let p = p * r + 1.666_666_5e-1;
+    let p = p * r + 5.000_000_1e-1;
     let p = ((p * r) * r + r) + 1.0;
     // 2^n in two factors so that both overflow (n = 128) and subnormal results (n < -126) stay exact
     let n = (xc * LOG2E + ROUND_MAGIC).to_bits() as i32 - 0x4B40_0000;
@@ -53,18 +53,18 @@ pub fn ln_f32(x: f32) -> f32 {
     let m = if small { m + m - 1.0 } else { m - 1.0 };
     let z = m * m;
     let p = 7.037_683_6e-2_f32;
-    let p = (p * m + -1.151_461e-1);
-    let p = (p * m + 1.167_699_9e-1);
-    let p = (p * m + -1.242_014_1e-1);
-    let p = (p * m + 1.424_932_3e-1);
-    let p = (p * m + -1.666_805_8e-1);
-    let p = (p * m + 2.000_071_4e-1);
-    let p = (p * m + -2.499_999_4e-1);
-    let p = (p * m + 3.333_333e-1);
+    let p = p * m + -1.151_461e-1;
+    let p = p * m + 1.167_699_9e-1;
+    let p = p * m + -1.242_014_1e-1;
+    let p = p * m + 1.424_932_3e-1;
+    let p = p * m + -1.666_805_8e-1;
+    let p = p * m + 2.000_071_4e-1;
+    let p = p * m + -2.499_999_4e-1;
+    let p = p * m + 3.333_333e-1;
     let y = p * m * z;
-    let y = (e * LN2_LO + y);
-    let y = (z * -0.5 + y);
-    let y = (e * LN2_HI + m + y);
+    let y = e * LN2_LO + y;
+    let y = z * -0.5 + y;
+    let y = e * LN2_HI + m + y;
     // subnormals are rare enough in activations to take the slow, exact path
     let y = if x < f32::MIN_POSITIVE && x > 0.0 {
         x.ln()
@@ -91,11 +91,11 @@ pub fn tanh_f32(x: f32) -> f32 {
     // small |x|: odd polynomial keeps the relative error tiny near zero
     let z = x * x;
     let p = -5.704_988_7e-3_f32;
-    let p = (p * z + 2.063_908_9e-2);
-    let p = (p * z + -5.373_971_6e-2);
-    let p = (p * z + 1.333_144_2e-1);
-    let p = (p * z + -3.333_328_2e-1);
-    let small = ((p * z) * x + x);
+    let p = p * z + 2.063_908_9e-2;
+    let p = p * z + -5.373_971_6e-2;
+    let p = p * z + 1.333_144_2e-1;
+    let p = p * z + -3.333_328_2e-1;
+    let small = (p * z) * x + x;
     // large |x|: 1 - 2 / (e^{2|x|} + 1), exact to f32 beyond |x| ≈ 9
     let large = 1.0 - 2.0 / (exp_f32(2.0 * a) + 1.0);
     let large = if x < 0.0 { -large } else { large };
@@ -111,15 +111,15 @@ pub fn tanh_f32(x: f32) -> f32 {
 fn erfc_abs(a: f32) -> f32 {
     let t = 1.0 / (1.0 + 0.5 * a);
     let p = 0.170_872_77_f32;
-    let p = (p * t + -0.822_152_23);
-    let p = (p * t + 1.488_515_9);
-    let p = (p * t + -1.135_203_9);
-    let p = (p * t + 0.278_868_07);
-    let p = (p * t + -0.186_288_06);
-    let p = (p * t + 0.096_784_18);
-    let p = (p * t + 0.374_091_96);
-    let p = (p * t + 1.000_023_7);
-    let p = (p * t + -1.265_512_2);
+    let p = p * t + -0.822_152_23;
+    let p = p * t + 1.488_515_9;
+    let p = p * t + -1.135_203_9;
+    let p = p * t + 0.278_868_07;
+    let p = p * t + -0.186_288_06;
+    let p = p * t + 0.096_784_18;
+    let p = p * t + 0.374_091_96;
+    let p = p * t + 1.000_023_7;
+    let p = p * t + -1.265_512_2;
     t * exp_f32(p - a * a)
 }
 
@@ -129,11 +129,11 @@ pub fn erf_f32(x: f32) -> f32 {
     // Maclaurin series near zero, where 1 - erfc would cancel
     let z = x * x;
     let s = -1.0_f32 / 1320.0;
-    let s = (s * z + 1.0 / 216.0);
-    let s = (s * z + -1.0 / 42.0);
-    let s = (s * z + 1.0 / 10.0);
-    let s = (s * z + -1.0 / 3.0);
-    let s = (s * z + 1.0);
+    let s = s * z + 1.0 / 216.0;
+    let s = s * z + -1.0 / 42.0;
+    let s = s * z + 1.0 / 10.0;
+    let s = s * z + -1.0 / 3.0;
+    let s = s * z + 1.0;
     let small = s * x * std::f32::consts::FRAC_2_SQRT_PI;
     let large = 1.0 - erfc_abs(a);
     let large = if x < 0.0 { -large } else { large };
