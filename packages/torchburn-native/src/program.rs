@@ -559,6 +559,16 @@ unsafe fn matmul<T: GemmScalar + elementwise::Arith>(
     }
 }
 
+/// Calls the f64 or the f32 variant of a kernel with the same arguments (slices take their type from it).
+macro_rules! by_float {
+    ($dtype:expr, $f32:path, $f64:path, ($($arg:expr),* $(,)?)) => {
+        match $dtype {
+            DType::F64 => $f64($($arg),*),
+            _ => $f32($($arg),*),
+        }
+    };
+}
+
 unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
     match ins {
         Instr::Elementwise {
@@ -670,30 +680,24 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
             rows,
             n,
             eps,
-        } => match input.dtype {
-            DType::F64 => norm::layer_norm_f64(
-                *rows,
-                *n,
-                f.slice(input),
-                weight.as_ref().map(|w| f.slice(w)),
-                bias.as_ref().map(|w| f.slice(w)),
-                *eps,
-                f.slice_mut(out),
-                mean.as_ref().map(|w| f.slice_mut(w)),
-                rstd.as_ref().map(|w| f.slice_mut(w)),
-            ),
-            _ => norm::layer_norm_f32(
-                *rows,
-                *n,
-                f.slice(input),
-                weight.as_ref().map(|w| f.slice(w)),
-                bias.as_ref().map(|w| f.slice(w)),
-                *eps,
-                f.slice_mut(out),
-                mean.as_ref().map(|w| f.slice_mut(w)),
-                rstd.as_ref().map(|w| f.slice_mut(w)),
-            ),
-        },
+        } => {
+            by_float!(
+                input.dtype,
+                norm::layer_norm_f32,
+                norm::layer_norm_f64,
+                (
+                    *rows,
+                    *n,
+                    f.slice(input),
+                    weight.as_ref().map(|w| f.slice(w)),
+                    bias.as_ref().map(|w| f.slice(w)),
+                    *eps,
+                    f.slice_mut(out),
+                    mean.as_ref().map(|w| f.slice_mut(w)),
+                    rstd.as_ref().map(|w| f.slice_mut(w)),
+                )
+            )
+        }
         Instr::RmsNorm {
             input,
             weight,
@@ -731,34 +735,26 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
             hw,
             groups,
             eps,
-        } => match input.dtype {
-            DType::F64 => norm::group_norm_f64(
-                *n,
-                *c,
-                *hw,
-                *groups,
-                f.slice(input),
-                weight.as_ref().map(|w| f.slice(w)),
-                bias.as_ref().map(|w| f.slice(w)),
-                *eps,
-                f.slice_mut(out),
-                mean.as_ref().map(|w| f.slice_mut(w)),
-                rstd.as_ref().map(|w| f.slice_mut(w)),
-            ),
-            _ => norm::group_norm_f32(
-                *n,
-                *c,
-                *hw,
-                *groups,
-                f.slice(input),
-                weight.as_ref().map(|w| f.slice(w)),
-                bias.as_ref().map(|w| f.slice(w)),
-                *eps,
-                f.slice_mut(out),
-                mean.as_ref().map(|w| f.slice_mut(w)),
-                rstd.as_ref().map(|w| f.slice_mut(w)),
-            ),
-        },
+        } => {
+            by_float!(
+                input.dtype,
+                norm::group_norm_f32,
+                norm::group_norm_f64,
+                (
+                    *n,
+                    *c,
+                    *hw,
+                    *groups,
+                    f.slice(input),
+                    weight.as_ref().map(|w| f.slice(w)),
+                    bias.as_ref().map(|w| f.slice(w)),
+                    *eps,
+                    f.slice_mut(out),
+                    mean.as_ref().map(|w| f.slice_mut(w)),
+                    rstd.as_ref().map(|w| f.slice_mut(w)),
+                )
+            )
+        }
         Instr::Sdpa {
             q,
             k,
