@@ -6,6 +6,7 @@
 pub mod kernels;
 pub mod plan;
 pub mod program;
+pub mod threads;
 
 #[cfg(feature = "python")]
 mod python;

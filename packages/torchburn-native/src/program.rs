@@ -5,6 +5,7 @@
 //! Python's memory plan; each concurrent caller takes its own arena from the pool, so one compiled
 //! model can run from several threads at once.
 
+use crate::threads;
 use std::sync::Mutex;
 
 use crate::kernels::elementwise::{self, apply_unary_inplace, BinaryFn, Domain, EOp, View};
@@ -551,9 +552,8 @@ unsafe fn matmul<T: GemmScalar + elementwise::Arith>(
         )
     };
     // many small products: one per thread; few large ones: let gemm split each
-    if batch > 1 && m * n * k < 128 * 128 * 128 && rayon::current_num_threads() > 1 {
-        use rayon::prelude::*;
-        (0..batch).into_par_iter().for_each(|bi| one(bi, false));
+    if batch > 1 && m * n * k < 128 * 128 * 128 && threads::current() > 1 {
+        threads::parallel_for(batch, |bi| one(bi, false));
     } else {
         (0..batch).for_each(|bi| one(bi, true));
     }

@@ -67,16 +67,12 @@ impl Program {
 /// Sizes the worker pool; only the first call takes effect (rayon's global pool is built once).
 #[pyfunction]
 fn init_threads(n: usize) -> usize {
-    let _ = rayon::ThreadPoolBuilder::new()
-        .num_threads(n.max(1))
-        .thread_name(|i| format!("torchburn-{i}"))
-        .build_global();
-    rayon::current_num_threads()
+    crate::threads::init(n)
 }
 
 #[pyfunction]
 fn num_threads() -> usize {
-    rayon::current_num_threads()
+    crate::threads::current()
 }
 
 #[pyfunction]

@@ -36,8 +36,8 @@
 //! Hot loops are plain `for` loops: a closure handed to an iterator adaptor that does not get
 //! inlined is compiled without the multiversioned caller's target features (no FMA, no AVX).
 
+use crate::threads;
 use multiversion::multiversion;
-use rayon::prelude::*;
 
 /// Micro-kernel width in f32 columns (two AVX2 registers, one AVX-512 register).
 const NR: usize = 16;
@@ -589,7 +589,7 @@ pub fn sdpa_f32(
         scale,
     };
 
-    let threads = rayon::current_num_threads();
+    let threads = threads::current();
     let mut qb = QB.min(tq);
     while qb > 16 && b * h * tq.div_ceil(qb) < 4 * threads {
         qb /= 2;
@@ -623,9 +623,7 @@ pub fn sdpa_f32(
         let mut sc = Scratch::new(s, qb);
         items.into_iter().for_each(|it| run(&mut sc, it));
     } else {
-        items
-            .into_par_iter()
-            .for_each_init(|| Scratch::new(s, qb), run);
+        threads::par_each_init(items, || Scratch::new(s, qb), run);
     }
 }
 

@@ -22,12 +22,12 @@
 //! GEMMs (see `conv_gemm`); the direct kernels run planes in parallel. Everything is called from
 //! the current thread and uses rayon's current pool.
 
+use crate::threads;
 use std::cell::RefCell;
 use std::fmt::Debug;
 use std::ops::{Add, AddAssign, Div, Mul, Sub};
 
 use multiversion::multiversion;
-use rayon::prelude::*;
 
 use crate::kernels::gemm::{gemm, GemmScalar, Mat, MatMut};
 
@@ -251,7 +251,7 @@ fn prefill_bias<T: ConvScalar>(out: &mut [T], plane: usize, channels: usize, bia
 
 fn decide_outer(plan: Plan, tasks: usize, flops_per_task: usize) -> bool {
     plan.outer.unwrap_or_else(|| {
-        let threads = rayon::current_num_threads();
+        let threads = threads::current();
         threads > 1
             && tasks >= 2
             && (tasks >= 4 * threads || flops_per_task < OUTER_PARALLEL_MAX_FLOPS)
@@ -379,7 +379,7 @@ fn conv_gemm<T: ConvScalar>(
         return;
     }
     let tasks = s.n * s.groups;
-    let threads = rayon::current_num_threads();
+    let threads = threads::current();
     let mut tiles = if pointwise {
         1
     } else {
@@ -445,9 +445,7 @@ fn conv_gemm<T: ConvScalar>(
         });
     };
     if split {
-        (0..tasks * tiles)
-            .into_par_iter()
-            .for_each(|i| item(i, false));
+        threads::parallel_for(tasks * tiles, |i| item(i, false));
     } else {
         (0..tasks * tiles).for_each(|i| item(i, true));
     }
@@ -489,10 +487,7 @@ fn im2col<T: ConvScalar>(g: &Geom, x: &[T], n0: usize, n1: usize, col: &mut [T],
     };
     if parallel && col.len() >= 1 << 16 {
         let min_rows = (1 << 13) / cols + 1;
-        col.par_chunks_mut(cols)
-            .with_min_len(min_rows)
-            .enumerate()
-            .for_each(|(r, dst)| fill(r, dst));
+        threads::par_chunks_mut_min(col, cols, min_rows, fill);
     } else {
         col.chunks_mut(cols)
             .enumerate()
@@ -610,23 +605,21 @@ fn depthwise<T: ConvScalar>(
     };
     // a task is a run of planes sharing one scratch: its zero padding is written once per task
     let per_task = TASK_MIN_WORK / (layout.n_ext * taps).max(1) + 1;
-    out.par_chunks_mut(plane_out * per_task)
-        .enumerate()
-        .for_each(|(t, o)| {
-            T::with_scratch(layout.scratch_len(), |scratch| {
-                dw_planes(
-                    g,
-                    &layout,
-                    &job,
-                    input,
-                    weight,
-                    bias,
-                    t * per_task,
-                    o,
-                    scratch,
-                )
-            });
+    threads::par_chunks_mut(out, plane_out * per_task, |t, o| {
+        T::with_scratch(layout.scratch_len(), |scratch| {
+            dw_planes(
+                g,
+                &layout,
+                &job,
+                input,
+                weight,
+                bias,
+                t * per_task,
+                o,
+                scratch,
+            )
         });
+    });
 }
 
 /// Indexing of a depthwise call, shared by its tasks.
@@ -991,9 +984,7 @@ fn conv_transpose2d_planned<T: ConvScalar>(
     };
     let tasks = s.n * s.groups;
     if decide_outer(plan, tasks, m * cin_g * plane_in) {
-        out.par_chunks_mut(block)
-            .enumerate()
-            .for_each(|(t, o)| run(t, o, false));
+        threads::par_chunks_mut(out, block, |t, o| run(t, o, false));
     } else {
         out.chunks_mut(block)
             .enumerate()
@@ -1018,10 +1009,7 @@ fn col2im<T: ConvScalar>(g: &Geom, col: &[T], p0: usize, p1: usize, o: &mut [T],
     };
     if parallel && o.len() * g.kh * g.kw >= 1 << 16 {
         let min_len = TASK_MIN_WORK / rows_per_plane.max(1) + 1;
-        o.par_chunks_mut(plane)
-            .with_min_len(min_len)
-            .enumerate()
-            .for_each(|(oc, dst)| scatter(oc, dst));
+        threads::par_chunks_mut_min(o, plane, min_len, scatter);
     } else {
         o.chunks_mut(plane)
             .enumerate()

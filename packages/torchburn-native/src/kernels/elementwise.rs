@@ -5,8 +5,8 @@
 //! vectorizes, so a chunk's intermediates live in L1 and memory is read and written once.
 //! The chunk interpreter is compiled once per ISA (AVX-512, AVX2+FMA, NEON, baseline) and picked at run time.
 
+use crate::threads;
 use multiversion::multiversion;
-use rayon::prelude::*;
 use serde::Deserialize;
 
 use super::math;
@@ -212,18 +212,29 @@ pub trait Arith: Lane {
     fn binary(f: BinaryFn, a: &[Self], b: &[Self], out: &mut [Self]);
 }
 
-#[inline(always)]
-fn map1<T: Copy>(a: &[T], out: &mut [T], f: impl Fn(T) -> T) {
-    for (o, &x) in out.iter_mut().zip(a) {
-        *o = f(x);
-    }
+/// `out[i] = f(a[i])`. A macro rather than a function taking a closure: the body must be expanded
+/// inside the ISA-specific chunk function, or LLVM compiles it (as an out-of-line closure or `Fn::call`
+/// shim) for the baseline ISA, one scalar call per element.
+macro_rules! map1 {
+    ($a:expr, $out:expr, |$x:ident| $body:expr $(,)?) => {
+        for (o, &$x) in $out.iter_mut().zip($a) {
+            *o = $body;
+        }
+    };
+    ($a:expr, $out:expr, $f:expr) => {
+        for (o, &x) in $out.iter_mut().zip($a) {
+            *o = ($f)(x);
+        }
+    };
 }
 
-#[inline(always)]
-fn map2<T: Copy>(a: &[T], b: &[T], out: &mut [T], f: impl Fn(T, T) -> T) {
-    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
-        *o = f(x, y);
-    }
+/// `out[i] = f(a[i], b[i])`, expanded in place like [`map1`].
+macro_rules! map2 {
+    ($a:expr, $b:expr, $out:expr, |$x:ident, $y:ident| $body:expr $(,)?) => {
+        for ((o, &$x), &$y) in $out.iter_mut().zip($a).zip($b) {
+            *o = $body;
+        }
+    };
 }
 
 macro_rules! float_arith {
@@ -234,45 +245,45 @@ macro_rules! float_arith {
                 let b = |v: bool| if v { 1.0 } else { 0.0 };
                 match f {
                     UnaryFn::Identity => out.copy_from_slice(a),
-                    UnaryFn::Neg => map1(a, out, |x| -x),
-                    UnaryFn::Abs => map1(a, out, |x| x.abs()),
+                    UnaryFn::Neg => map1!(a, out, |x| -x),
+                    UnaryFn::Abs => map1!(a, out, |x| x.abs()),
                     // `x < 0 ? 0 : x` keeps NaN, as PyTorch's relu does
-                    UnaryFn::Relu => map1(a, out, |x| if x < 0.0 { 0.0 } else { x }),
-                    UnaryFn::Sigmoid => map1(a, out, $sigmoid),
-                    UnaryFn::Tanh => map1(a, out, $tanh),
-                    UnaryFn::Gelu => map1(a, out, $gelu),
-                    UnaryFn::GeluTanh => map1(a, out, $gelu_tanh),
-                    UnaryFn::Silu => map1(a, out, |x| x * ($sigmoid)(x)),
-                    UnaryFn::Hardswish => map1(a, out, |x| x * (x + 3.0).clamp(0.0, 6.0) / 6.0),
-                    UnaryFn::Hardsigmoid => map1(a, out, |x| (x + 3.0).clamp(0.0, 6.0) / 6.0),
-                    UnaryFn::Exp => map1(a, out, $exp),
-                    UnaryFn::Exp2 => map1(a, out, |x| x.exp2()),
-                    UnaryFn::Expm1 => map1(a, out, |x| x.exp_m1()),
-                    UnaryFn::Log => map1(a, out, $ln),
-                    UnaryFn::Log2 => map1(a, out, |x| x.log2()),
-                    UnaryFn::Log10 => map1(a, out, |x| x.log10()),
-                    UnaryFn::Log1p => map1(a, out, |x| x.ln_1p()),
-                    UnaryFn::Sqrt => map1(a, out, |x| x.sqrt()),
-                    UnaryFn::Rsqrt => map1(a, out, |x| 1.0 / x.sqrt()),
-                    UnaryFn::Reciprocal => map1(a, out, |x| 1.0 / x),
-                    UnaryFn::Sin => map1(a, out, |x| x.sin()),
-                    UnaryFn::Cos => map1(a, out, |x| x.cos()),
-                    UnaryFn::Tan => map1(a, out, |x| x.tan()),
-                    UnaryFn::Asin => map1(a, out, |x| x.asin()),
-                    UnaryFn::Acos => map1(a, out, |x| x.acos()),
-                    UnaryFn::Atan => map1(a, out, |x| x.atan()),
-                    UnaryFn::Sinh => map1(a, out, |x| x.sinh()),
-                    UnaryFn::Cosh => map1(a, out, |x| x.cosh()),
-                    UnaryFn::Asinh => map1(a, out, |x| x.asinh()),
-                    UnaryFn::Acosh => map1(a, out, |x| x.acosh()),
-                    UnaryFn::Atanh => map1(a, out, |x| x.atanh()),
-                    UnaryFn::Erf => map1(a, out, $erf),
-                    UnaryFn::Erfc => map1(a, out, |x| 1.0 - ($erf)(x)),
-                    UnaryFn::Floor => map1(a, out, |x| x.floor()),
-                    UnaryFn::Ceil => map1(a, out, |x| x.ceil()),
-                    UnaryFn::Round => map1(a, out, |x| x.round_ties_even()),
-                    UnaryFn::Trunc => map1(a, out, |x| x.trunc()),
-                    UnaryFn::Sign => map1(a, out, |x| {
+                    UnaryFn::Relu => map1!(a, out, |x| if x < 0.0 { 0.0 } else { x }),
+                    UnaryFn::Sigmoid => map1!(a, out, $sigmoid),
+                    UnaryFn::Tanh => map1!(a, out, $tanh),
+                    UnaryFn::Gelu => map1!(a, out, $gelu),
+                    UnaryFn::GeluTanh => map1!(a, out, $gelu_tanh),
+                    UnaryFn::Silu => map1!(a, out, |x| x * ($sigmoid)(x)),
+                    UnaryFn::Hardswish => map1!(a, out, |x| x * (x + 3.0).clamp(0.0, 6.0) / 6.0),
+                    UnaryFn::Hardsigmoid => map1!(a, out, |x| (x + 3.0).clamp(0.0, 6.0) / 6.0),
+                    UnaryFn::Exp => map1!(a, out, $exp),
+                    UnaryFn::Exp2 => map1!(a, out, |x| x.exp2()),
+                    UnaryFn::Expm1 => map1!(a, out, |x| x.exp_m1()),
+                    UnaryFn::Log => map1!(a, out, $ln),
+                    UnaryFn::Log2 => map1!(a, out, |x| x.log2()),
+                    UnaryFn::Log10 => map1!(a, out, |x| x.log10()),
+                    UnaryFn::Log1p => map1!(a, out, |x| x.ln_1p()),
+                    UnaryFn::Sqrt => map1!(a, out, |x| x.sqrt()),
+                    UnaryFn::Rsqrt => map1!(a, out, |x| 1.0 / x.sqrt()),
+                    UnaryFn::Reciprocal => map1!(a, out, |x| 1.0 / x),
+                    UnaryFn::Sin => map1!(a, out, |x| x.sin()),
+                    UnaryFn::Cos => map1!(a, out, |x| x.cos()),
+                    UnaryFn::Tan => map1!(a, out, |x| x.tan()),
+                    UnaryFn::Asin => map1!(a, out, |x| x.asin()),
+                    UnaryFn::Acos => map1!(a, out, |x| x.acos()),
+                    UnaryFn::Atan => map1!(a, out, |x| x.atan()),
+                    UnaryFn::Sinh => map1!(a, out, |x| x.sinh()),
+                    UnaryFn::Cosh => map1!(a, out, |x| x.cosh()),
+                    UnaryFn::Asinh => map1!(a, out, |x| x.asinh()),
+                    UnaryFn::Acosh => map1!(a, out, |x| x.acosh()),
+                    UnaryFn::Atanh => map1!(a, out, |x| x.atanh()),
+                    UnaryFn::Erf => map1!(a, out, $erf),
+                    UnaryFn::Erfc => map1!(a, out, |x| 1.0 - ($erf)(x)),
+                    UnaryFn::Floor => map1!(a, out, |x| x.floor()),
+                    UnaryFn::Ceil => map1!(a, out, |x| x.ceil()),
+                    UnaryFn::Round => map1!(a, out, |x| x.round_ties_even()),
+                    UnaryFn::Trunc => map1!(a, out, |x| x.trunc()),
+                    UnaryFn::Sign => map1!(a, out, |x| {
                         if x > 0.0 {
                             1.0
                         } else if x < 0.0 {
@@ -281,13 +292,13 @@ macro_rules! float_arith {
                             x * 0.0
                         }
                     }),
-                    UnaryFn::Square => map1(a, out, |x| x * x),
-                    UnaryFn::LogicalNot => map1(a, out, |x| b(x == 0.0)),
-                    UnaryFn::IsNan => map1(a, out, |x| b(x.is_nan())),
-                    UnaryFn::IsInf => map1(a, out, |x| b(x.is_infinite())),
-                    UnaryFn::IsFinite => map1(a, out, |x| b(x.is_finite())),
-                    UnaryFn::Signbit => map1(a, out, |x| b(x.is_sign_negative())),
-                    UnaryFn::BitwiseNot => map1(a, out, |x| b(x == 0.0)), // bool tensors only
+                    UnaryFn::Square => map1!(a, out, |x| x * x),
+                    UnaryFn::LogicalNot => map1!(a, out, |x| b(x == 0.0)),
+                    UnaryFn::IsNan => map1!(a, out, |x| b(x.is_nan())),
+                    UnaryFn::IsInf => map1!(a, out, |x| b(x.is_infinite())),
+                    UnaryFn::IsFinite => map1!(a, out, |x| b(x.is_finite())),
+                    UnaryFn::Signbit => map1!(a, out, |x| b(x.is_sign_negative())),
+                    UnaryFn::BitwiseNot => map1!(a, out, |x| b(x == 0.0)), // bool tensors only
                 }
             }
 
@@ -296,32 +307,32 @@ macro_rules! float_arith {
                 let c = |v: bool| if v { 1.0 } else { 0.0 };
                 let nz = |v: $t| v != 0.0;
                 match f {
-                    BinaryFn::Add => map2(a, b, out, |x, y| x + y),
-                    BinaryFn::Sub => map2(a, b, out, |x, y| x - y),
-                    BinaryFn::Mul => map2(a, b, out, |x, y| x * y),
-                    BinaryFn::Div => map2(a, b, out, |x, y| x / y),
-                    BinaryFn::DivTrunc => map2(a, b, out, |x, y| (x / y).trunc()),
-                    BinaryFn::DivFloor => map2(a, b, out, |x, y| (x / y).floor()),
-                    BinaryFn::Pow => map2(a, b, out, |x, y| x.powf(y)),
-                    BinaryFn::Maximum => map2(a, b, out, |x, y| {
+                    BinaryFn::Add => map2!(a, b, out, |x, y| x + y),
+                    BinaryFn::Sub => map2!(a, b, out, |x, y| x - y),
+                    BinaryFn::Mul => map2!(a, b, out, |x, y| x * y),
+                    BinaryFn::Div => map2!(a, b, out, |x, y| x / y),
+                    BinaryFn::DivTrunc => map2!(a, b, out, |x, y| (x / y).trunc()),
+                    BinaryFn::DivFloor => map2!(a, b, out, |x, y| (x / y).floor()),
+                    BinaryFn::Pow => map2!(a, b, out, |x, y| x.powf(y)),
+                    BinaryFn::Maximum => map2!(a, b, out, |x, y| {
                         if x.is_nan() || y.is_nan() {
                             <$t>::NAN
                         } else {
                             x.max(y)
                         }
                     }),
-                    BinaryFn::Minimum => map2(a, b, out, |x, y| {
+                    BinaryFn::Minimum => map2!(a, b, out, |x, y| {
                         if x.is_nan() || y.is_nan() {
                             <$t>::NAN
                         } else {
                             x.min(y)
                         }
                     }),
-                    BinaryFn::Fmax => map2(a, b, out, |x, y| x.max(y)),
-                    BinaryFn::Fmin => map2(a, b, out, |x, y| x.min(y)),
-                    BinaryFn::Atan2 => map2(a, b, out, |x, y| x.atan2(y)),
-                    BinaryFn::Fmod => map2(a, b, out, |x, y| x % y),
-                    BinaryFn::Remainder => map2(a, b, out, |x, y| {
+                    BinaryFn::Fmax => map2!(a, b, out, |x, y| x.max(y)),
+                    BinaryFn::Fmin => map2!(a, b, out, |x, y| x.min(y)),
+                    BinaryFn::Atan2 => map2!(a, b, out, |x, y| x.atan2(y)),
+                    BinaryFn::Fmod => map2!(a, b, out, |x, y| x % y),
+                    BinaryFn::Remainder => map2!(a, b, out, |x, y| {
                         let r = x % y;
                         if r != 0.0 && ((r < 0.0) != (y < 0.0)) {
                             r + y
@@ -329,24 +340,24 @@ macro_rules! float_arith {
                             r
                         }
                     }),
-                    BinaryFn::Eq => map2(a, b, out, |x, y| c(x == y)),
-                    BinaryFn::Ne => map2(a, b, out, |x, y| c(x != y)),
-                    BinaryFn::Lt => map2(a, b, out, |x, y| c(x < y)),
-                    BinaryFn::Le => map2(a, b, out, |x, y| c(x <= y)),
-                    BinaryFn::Gt => map2(a, b, out, |x, y| c(x > y)),
-                    BinaryFn::Ge => map2(a, b, out, |x, y| c(x >= y)),
+                    BinaryFn::Eq => map2!(a, b, out, |x, y| c(x == y)),
+                    BinaryFn::Ne => map2!(a, b, out, |x, y| c(x != y)),
+                    BinaryFn::Lt => map2!(a, b, out, |x, y| c(x < y)),
+                    BinaryFn::Le => map2!(a, b, out, |x, y| c(x <= y)),
+                    BinaryFn::Gt => map2!(a, b, out, |x, y| c(x > y)),
+                    BinaryFn::Ge => map2!(a, b, out, |x, y| c(x >= y)),
                     BinaryFn::LogicalAnd | BinaryFn::BitAnd => {
-                        map2(a, b, out, |x, y| c(nz(x) && nz(y)))
+                        map2!(a, b, out, |x, y| c(nz(x) && nz(y)))
                     }
                     BinaryFn::LogicalOr | BinaryFn::BitOr => {
-                        map2(a, b, out, |x, y| c(nz(x) || nz(y)))
+                        map2!(a, b, out, |x, y| c(nz(x) || nz(y)))
                     }
                     BinaryFn::LogicalXor | BinaryFn::BitXor => {
-                        map2(a, b, out, |x, y| c(nz(x) != nz(y)))
+                        map2!(a, b, out, |x, y| c(nz(x) != nz(y)))
                     }
                     BinaryFn::Shl | BinaryFn::Shr => out.fill(<$t>::NAN), // rejected by the planner
-                    BinaryFn::Copysign => map2(a, b, out, |x, y| x.copysign(y)),
-                    BinaryFn::Hypot => map2(a, b, out, |x, y| x.hypot(y)),
+                    BinaryFn::Copysign => map2!(a, b, out, |x, y| x.copysign(y)),
+                    BinaryFn::Hypot => map2!(a, b, out, |x, y| x.hypot(y)),
                 }
             }
         }
@@ -411,15 +422,15 @@ impl Arith for i64 {
         let b = |v: bool| v as i64;
         match f {
             UnaryFn::Identity => out.copy_from_slice(a),
-            UnaryFn::Neg => map1(a, out, |x| x.wrapping_neg()),
-            UnaryFn::Abs => map1(a, out, |x| x.wrapping_abs()),
-            UnaryFn::Relu => map1(a, out, |x| x.max(0)),
-            UnaryFn::Sign => map1(a, out, |x| x.signum()),
-            UnaryFn::Square => map1(a, out, |x| x.wrapping_mul(x)),
-            UnaryFn::LogicalNot => map1(a, out, |x| b(x == 0)),
-            UnaryFn::BitwiseNot => map1(a, out, |x| !x),
+            UnaryFn::Neg => map1!(a, out, |x| x.wrapping_neg()),
+            UnaryFn::Abs => map1!(a, out, |x| x.wrapping_abs()),
+            UnaryFn::Relu => map1!(a, out, |x| x.max(0)),
+            UnaryFn::Sign => map1!(a, out, |x| x.signum()),
+            UnaryFn::Square => map1!(a, out, |x| x.wrapping_mul(x)),
+            UnaryFn::LogicalNot => map1!(a, out, |x| b(x == 0)),
+            UnaryFn::BitwiseNot => map1!(a, out, |x| !x),
             UnaryFn::IsNan | UnaryFn::IsInf | UnaryFn::Signbit => {
-                map1(a, out, |x| b(f == UnaryFn::Signbit && x < 0))
+                map1!(a, out, |x| b(f == UnaryFn::Signbit && x < 0))
             }
             UnaryFn::IsFinite => out.fill(1),
             UnaryFn::Floor | UnaryFn::Ceil | UnaryFn::Round | UnaryFn::Trunc => {
@@ -434,13 +445,13 @@ impl Arith for i64 {
     fn binary(f: BinaryFn, a: &[i64], b: &[i64], out: &mut [i64]) {
         let c = |v: bool| v as i64;
         match f {
-            BinaryFn::Add => map2(a, b, out, |x, y| x.wrapping_add(y)),
-            BinaryFn::Sub => map2(a, b, out, |x, y| x.wrapping_sub(y)),
-            BinaryFn::Mul => map2(a, b, out, |x, y| x.wrapping_mul(y)),
+            BinaryFn::Add => map2!(a, b, out, |x, y| x.wrapping_add(y)),
+            BinaryFn::Sub => map2!(a, b, out, |x, y| x.wrapping_sub(y)),
+            BinaryFn::Mul => map2!(a, b, out, |x, y| x.wrapping_mul(y)),
             BinaryFn::Div | BinaryFn::DivTrunc => {
-                map2(a, b, out, |x, y| if y == 0 { 0 } else { x.wrapping_div(y) })
+                map2!(a, b, out, |x, y| if y == 0 { 0 } else { x.wrapping_div(y) })
             }
-            BinaryFn::DivFloor => map2(a, b, out, |x, y| {
+            BinaryFn::DivFloor => map2!(a, b, out, |x, y| {
                 if y == 0 {
                     0
                 } else {
@@ -452,17 +463,17 @@ impl Arith for i64 {
                     }
                 }
             }),
-            BinaryFn::Pow => map2(a, b, out, |x, y| {
+            BinaryFn::Pow => map2!(a, b, out, |x, y| {
                 if y < 0 {
                     0
                 } else {
                     x.wrapping_pow(y.min(u32::MAX as i64) as u32)
                 }
             }),
-            BinaryFn::Maximum | BinaryFn::Fmax => map2(a, b, out, |x, y| x.max(y)),
-            BinaryFn::Minimum | BinaryFn::Fmin => map2(a, b, out, |x, y| x.min(y)),
-            BinaryFn::Fmod => map2(a, b, out, |x, y| if y == 0 { 0 } else { x.wrapping_rem(y) }),
-            BinaryFn::Remainder => map2(a, b, out, |x, y| {
+            BinaryFn::Maximum | BinaryFn::Fmax => map2!(a, b, out, |x, y| x.max(y)),
+            BinaryFn::Minimum | BinaryFn::Fmin => map2!(a, b, out, |x, y| x.min(y)),
+            BinaryFn::Fmod => map2!(a, b, out, |x, y| if y == 0 { 0 } else { x.wrapping_rem(y) }),
+            BinaryFn::Remainder => map2!(a, b, out, |x, y| {
                 if y == 0 {
                     0
                 } else {
@@ -474,25 +485,24 @@ impl Arith for i64 {
                     }
                 }
             }),
-            BinaryFn::Eq => map2(a, b, out, |x, y| c(x == y)),
-            BinaryFn::Ne => map2(a, b, out, |x, y| c(x != y)),
-            BinaryFn::Lt => map2(a, b, out, |x, y| c(x < y)),
-            BinaryFn::Le => map2(a, b, out, |x, y| c(x <= y)),
-            BinaryFn::Gt => map2(a, b, out, |x, y| c(x > y)),
-            BinaryFn::Ge => map2(a, b, out, |x, y| c(x >= y)),
-            BinaryFn::LogicalAnd => map2(a, b, out, |x, y| c(x != 0 && y != 0)),
-            BinaryFn::LogicalOr => map2(a, b, out, |x, y| c(x != 0 || y != 0)),
-            BinaryFn::LogicalXor => map2(a, b, out, |x, y| c((x != 0) != (y != 0))),
-            BinaryFn::BitAnd => map2(a, b, out, |x, y| x & y),
-            BinaryFn::BitOr => map2(a, b, out, |x, y| x | y),
-            BinaryFn::BitXor => map2(a, b, out, |x, y| x ^ y),
-            BinaryFn::Shl => map2(
-                a,
-                b,
-                out,
-                |x, y| if (0..64).contains(&y) { x << y } else { 0 },
-            ),
-            BinaryFn::Shr => map2(a, b, out, |x, y| {
+            BinaryFn::Eq => map2!(a, b, out, |x, y| c(x == y)),
+            BinaryFn::Ne => map2!(a, b, out, |x, y| c(x != y)),
+            BinaryFn::Lt => map2!(a, b, out, |x, y| c(x < y)),
+            BinaryFn::Le => map2!(a, b, out, |x, y| c(x <= y)),
+            BinaryFn::Gt => map2!(a, b, out, |x, y| c(x > y)),
+            BinaryFn::Ge => map2!(a, b, out, |x, y| c(x >= y)),
+            BinaryFn::LogicalAnd => map2!(a, b, out, |x, y| c(x != 0 && y != 0)),
+            BinaryFn::LogicalOr => map2!(a, b, out, |x, y| c(x != 0 || y != 0)),
+            BinaryFn::LogicalXor => map2!(a, b, out, |x, y| c((x != 0) != (y != 0))),
+            BinaryFn::BitAnd => map2!(a, b, out, |x, y| x & y),
+            BinaryFn::BitOr => map2!(a, b, out, |x, y| x | y),
+            BinaryFn::BitXor => map2!(a, b, out, |x, y| x ^ y),
+            BinaryFn::Shl => map2!(a, b, out, |x, y| if (0..64).contains(&y) {
+                x << y
+            } else {
+                0
+            },),
+            BinaryFn::Shr => map2!(a, b, out, |x, y| {
                 if (0..64).contains(&y) {
                     x >> y
                 } else {
@@ -529,73 +539,285 @@ impl View {
     }
 }
 
+/// Where a computed value goes: a register's chunk buffer, or straight into a contiguous output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dst {
+    Reg(usize),
+    Out(usize),
+}
+
+/// An instruction as a chunk runs it, after [`prepare`].
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    /// the register reads the input in place (contiguous, already the compute type): no copy
+    Alias {
+        d: usize,
+        input: usize,
+    },
+    Load {
+        d: usize,
+        input: usize,
+    },
+    Iota {
+        d: usize,
+    },
+    Unary {
+        d: Dst,
+        f: UnaryFn,
+        a: usize,
+    },
+    Binary {
+        d: Dst,
+        f: BinaryFn,
+        a: usize,
+        b: usize,
+    },
+    Where {
+        d: Dst,
+        c: usize,
+        a: usize,
+        b: usize,
+    },
+    Store {
+        a: usize,
+        output: usize,
+    },
+}
+
+/// A value that is the same for every element, filled into its register once per task.
+#[derive(Clone, Copy, Debug)]
+enum Hoisted {
+    Const {
+        value: f64,
+        ivalue: i64,
+    },
+    /// an input whose strides are all zero (a 0-d tensor, an expanded scalar)
+    Scalar {
+        input: usize,
+    },
+}
+
+/// A chain's code specialized to its operands. Per chunk, the register machine would copy every input
+/// into a register, fill every constant, and copy every result out: three passes over L1 where one
+/// does. So: constants and scalar inputs move to registers of their own, filled once per task;
+/// contiguous inputs already of the compute type are read where they lie; and a result whose next
+/// use is the store into a contiguous output of the compute type is written there directly.
+struct Prepared {
+    steps: Vec<Step>,
+    /// `(register, value)`, registers numbered from the code's `nregs` up
+    hoisted: Vec<(usize, Hoisted)>,
+    nregs: usize,
+}
+
+fn prepare(code: &[EOp], nregs: usize, inputs: &[View], outputs: &[View], lane: DType) -> Prepared {
+    let in_place = |v: &View| v.layout == Layout::Contiguous && v.dtype == lane;
+    // `cur[r]`: the register that holds what the code calls `r` (a hoisted one after a constant)
+    let mut cur: Vec<usize> = (0..nregs).collect();
+    let mut hoisted = Vec::new();
+    let mut hoist = |d: usize, h: Hoisted, cur: &mut Vec<usize>| {
+        cur[d] = nregs + hoisted.len();
+        hoisted.push((cur[d], h));
+    };
+    let mut steps = Vec::with_capacity(code.len());
+    for op in code {
+        match *op {
+            EOp::Const { d, value, ivalue } => hoist(d, Hoisted::Const { value, ivalue }, &mut cur),
+            EOp::Load { d, input } if inputs[input].layout == Layout::Scalar => {
+                hoist(d, Hoisted::Scalar { input }, &mut cur)
+            }
+            EOp::Load { d, input } => {
+                cur[d] = d;
+                steps.push(if in_place(&inputs[input]) {
+                    Step::Alias { d, input }
+                } else {
+                    Step::Load { d, input }
+                });
+            }
+            EOp::Iota { d } => {
+                cur[d] = d;
+                steps.push(Step::Iota { d });
+            }
+            EOp::Unary { d, f, a } => {
+                let a = cur[a];
+                cur[d] = d;
+                steps.push(Step::Unary {
+                    d: Dst::Reg(d),
+                    f,
+                    a,
+                });
+            }
+            EOp::Binary { d, f, a, b } => {
+                let (a, b) = (cur[a], cur[b]);
+                cur[d] = d;
+                steps.push(Step::Binary {
+                    d: Dst::Reg(d),
+                    f,
+                    a,
+                    b,
+                });
+            }
+            EOp::Where { d, c, a, b } => {
+                let (c, a, b) = (cur[c], cur[a], cur[b]);
+                cur[d] = d;
+                steps.push(Step::Where {
+                    d: Dst::Reg(d),
+                    c,
+                    a,
+                    b,
+                });
+            }
+            EOp::Store { a, output } => steps.push(Step::Store { a: cur[a], output }),
+        }
+    }
+    // a compute step directly followed by the store of its result, which nothing reads afterwards,
+    // writes into the output itself
+    let mut i = 0;
+    while i + 1 < steps.len() {
+        if let (Some(d), Step::Store { a, output }) = (dst_reg(&steps[i]), steps[i + 1]) {
+            if a == d && in_place(&outputs[output]) && !read_later(&steps[i + 2..], d) {
+                set_dst(&mut steps[i], Dst::Out(output));
+                steps.remove(i + 1);
+            }
+        }
+        i += 1;
+    }
+    Prepared {
+        steps,
+        nregs: nregs + hoisted.len(),
+        hoisted,
+    }
+}
+
+fn dst_reg(step: &Step) -> Option<usize> {
+    match *step {
+        Step::Unary { d: Dst::Reg(d), .. }
+        | Step::Binary { d: Dst::Reg(d), .. }
+        | Step::Where { d: Dst::Reg(d), .. } => Some(d),
+        _ => None,
+    }
+}
+
+fn set_dst(step: &mut Step, to: Dst) {
+    match step {
+        Step::Unary { d, .. } | Step::Binary { d, .. } | Step::Where { d, .. } => *d = to,
+        _ => {}
+    }
+}
+
+/// Whether register `r` is read by `steps` before something overwrites it.
+fn read_later(steps: &[Step], r: usize) -> bool {
+    for s in steps {
+        let reads = match *s {
+            Step::Unary { a, .. } | Step::Store { a, .. } => a == r,
+            Step::Binary { a, b, .. } => a == r || b == r,
+            Step::Where { c, a, b, .. } => c == r || a == r || b == r,
+            Step::Alias { .. } | Step::Load { .. } | Step::Iota { .. } => false,
+        };
+        if reads {
+            return true;
+        }
+        let writes = match *s {
+            Step::Alias { d, .. } | Step::Load { d, .. } | Step::Iota { d } => d == r,
+            _ => dst_reg(s) == Some(r),
+        };
+        if writes {
+            return false;
+        }
+    }
+    false
+}
+
+/// A task's registers: `nregs` chunk buffers and, per register, where its current value lives (its
+/// buffer, or an input read in place).
+struct Regs<T> {
+    buf: Vec<T>,
+    at: Vec<*const T>,
+}
+
 /// # Safety
-/// Every view must be valid for the whole iteration `shape`; outputs must not overlap inputs.
+/// Every view must be valid for the whole iteration `shape`; outputs must not overlap inputs; `regs`
+/// was set up by `run_typed` for these steps.
 #[inline(always)]
 unsafe fn run_chunk<T: Arith>(
     shape: &[usize],
     inputs: &[View],
     outputs: &[View],
-    code: &[EOp],
-    regs: &mut [T],
+    steps: &[Step],
+    regs: &mut Regs<T>,
     start: usize,
     len: usize,
 ) {
-    let base = regs.as_mut_ptr();
-    // SAFETY (all `reg` uses): `validate` proved every index < nregs and destinations distinct from
-    // operands, and `regs` holds nregs·CHUNK elements.
-    let reg = |r: usize| std::slice::from_raw_parts_mut(base.add(r * CHUNK), len);
-    for op in code {
-        match *op {
-            EOp::Load { d, input } => {
+    let base = regs.buf.as_mut_ptr();
+    let at = regs.at.as_mut_ptr();
+    // SAFETY (all uses): `validate` and `prepare` keep every register index below the buffer count,
+    // a destination distinct from its operands, and the buffer holds nregs·CHUNK elements.
+    let buf = |r: usize| std::slice::from_raw_parts_mut(base.add(r * CHUNK), len);
+    let src = |r: usize| std::slice::from_raw_parts(*at.add(r), len);
+    let dst = |d: Dst| match d {
+        Dst::Reg(r) => {
+            *at.add(r) = base.add(r * CHUNK);
+            buf(r)
+        }
+        Dst::Out(o) => std::slice::from_raw_parts_mut((outputs[o].ptr as *mut T).add(start), len),
+    };
+    for step in steps {
+        match *step {
+            Step::Alias { d, input } => *at.add(d) = (inputs[input].ptr as *const T).add(start),
+            Step::Load { d, input } => {
                 let v = &inputs[input];
-                let dst = reg(d);
-                for_runs(
-                    shape,
-                    &v.strides,
-                    v.layout,
-                    start,
-                    len,
-                    |pos, off, n, st| {
-                        load_run(v.dtype, v.ptr, off, st, &mut dst[pos..pos + n]);
-                    },
-                );
+                let out = dst(Dst::Reg(d));
+                if v.layout == Layout::Contiguous {
+                    // called directly (not through a closure) so it compiles for this ISA
+                    load_run(v.dtype, v.ptr, start as isize, 1, out);
+                } else {
+                    for_runs(
+                        shape,
+                        &v.strides,
+                        v.layout,
+                        start,
+                        len,
+                        |pos, off, n, st| {
+                            load_run(v.dtype, v.ptr, off, st, &mut out[pos..pos + n]);
+                        },
+                    );
+                }
             }
-            EOp::Const { d, value, ivalue } => {
-                reg(d).fill(T::constant(value, ivalue));
-            }
-            EOp::Iota { d } => {
-                for (i, x) in reg(d).iter_mut().enumerate() {
+            Step::Iota { d } => {
+                for (i, x) in dst(Dst::Reg(d)).iter_mut().enumerate() {
                     *x = T::from_i64((start + i) as i64);
                 }
             }
-            EOp::Unary { d, f, a } => T::unary(f, reg(a), reg(d)),
-            EOp::Binary { d, f, a, b } => T::binary(f, reg(a), reg(b), reg(d)),
-            EOp::Where { d, c, a, b } => {
-                let (c, a, b, o) = (reg(c), reg(a), reg(b), reg(d));
+            Step::Unary { d, f, a } => T::unary(f, src(a), dst(d)),
+            Step::Binary { d, f, a, b } => T::binary(f, src(a), src(b), dst(d)),
+            Step::Where { d, c, a, b } => {
+                let (c, a, b, o) = (src(c), src(a), src(b), dst(d));
                 for i in 0..len {
                     o[i] = if c[i].is_nonzero() { a[i] } else { b[i] };
                 }
             }
-            EOp::Store { a, output } => {
+            Step::Store { a, output } => {
                 let v = &outputs[output];
-                let src = reg(a);
-                for_runs(
-                    shape,
-                    &v.strides,
-                    v.layout,
-                    start,
-                    len,
-                    |pos, off, n, st| {
-                        store_run(v.dtype, v.ptr, off, st, &src[pos..pos + n]);
-                    },
-                );
+                let from = src(a);
+                if v.layout == Layout::Contiguous {
+                    store_run(v.dtype, v.ptr, start as isize, 1, from);
+                } else {
+                    for_runs(
+                        shape,
+                        &v.strides,
+                        v.layout,
+                        start,
+                        len,
+                        |pos, off, n, st| {
+                            store_run(v.dtype, v.ptr, off, st, &from[pos..pos + n]);
+                        },
+                    );
+                }
             }
         }
     }
 }
 
-type ChunkFn<T> = unsafe fn(&[usize], &[View], &[View], &[EOp], &mut [T], usize, usize);
+type ChunkFn<T> = unsafe fn(&[usize], &[View], &[View], &[Step], &mut Regs<T>, usize, usize);
 
 #[multiversion(targets(
     "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
@@ -606,8 +828,8 @@ unsafe fn chunk_f32(
     s: &[usize],
     i: &[View],
     o: &[View],
-    c: &[EOp],
-    r: &mut [f32],
+    c: &[Step],
+    r: &mut Regs<f32>,
     st: usize,
     n: usize,
 ) {
@@ -623,8 +845,8 @@ unsafe fn chunk_f64(
     s: &[usize],
     i: &[View],
     o: &[View],
-    c: &[EOp],
-    r: &mut [f64],
+    c: &[Step],
+    r: &mut Regs<f64>,
     st: usize,
     n: usize,
 ) {
@@ -640,8 +862,8 @@ unsafe fn chunk_i64(
     s: &[usize],
     i: &[View],
     o: &[View],
-    c: &[EOp],
-    r: &mut [i64],
+    c: &[Step],
+    r: &mut Regs<i64>,
     st: usize,
     n: usize,
 ) {
@@ -662,25 +884,42 @@ unsafe fn run_typed<T: Arith>(
     if total == 0 {
         return;
     }
+    let prepared = prepare(code, nregs, inputs, outputs, T::STORAGE);
     let task = |lo: usize, hi: usize| {
-        let mut regs = vec![T::default(); nregs.max(1) * CHUNK];
+        let n = prepared.nregs.max(1);
+        let mut regs = Regs {
+            buf: vec![T::default(); n * CHUNK],
+            at: vec![std::ptr::null(); n],
+        };
+        for &(r, h) in &prepared.hoisted {
+            let b = &mut regs.buf[r * CHUNK..(r + 1) * CHUNK];
+            match h {
+                Hoisted::Const { value, ivalue } => b.fill(T::constant(value, ivalue)),
+                Hoisted::Scalar { input } => {
+                    let v = &inputs[input];
+                    load_run(v.dtype, v.ptr, 0, 0, &mut b[..1]);
+                    let x = b[0];
+                    b.fill(x);
+                }
+            }
+            regs.at[r] = b.as_ptr();
+        }
         let mut s = lo;
         while s < hi {
             let n = CHUNK.min(hi - s);
-            f(shape, inputs, outputs, code, &mut regs, s, n);
+            f(shape, inputs, outputs, &prepared.steps, &mut regs, s, n);
             s += n;
         }
     };
-    let threads = rayon::current_num_threads();
+    let threads = threads::current();
     if total <= SERIAL_LIMIT || threads == 1 {
         return task(0, total);
     }
     // a few tasks per thread balance load; each task is a whole number of chunks
     let per = total.div_ceil(threads * 4).div_ceil(CHUNK).max(8) * CHUNK;
-    let ntasks = total.div_ceil(per);
-    (0..ntasks)
-        .into_par_iter()
-        .for_each(|t| task(t * per, ((t + 1) * per).min(total)));
+    threads::parallel_for(total.div_ceil(per), |t| {
+        task(t * per, ((t + 1) * per).min(total))
+    });
 }
 
 /// Runs a fused chain.
@@ -703,20 +942,57 @@ pub unsafe fn run(
     }
 }
 
+#[inline(always)]
+fn unary_inplace<T: Arith>(f: UnaryFn, data: &mut [T]) {
+    let mut tmp = [T::default(); CHUNK];
+    for c in data.chunks_mut(CHUNK) {
+        let t = &mut tmp[..c.len()];
+        t.copy_from_slice(c);
+        T::unary(f, t, c);
+    }
+}
+
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+fn unary_inplace_f32(f: UnaryFn, data: &mut [f32]) {
+    unary_inplace(f, data)
+}
+
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+fn unary_inplace_f64(f: UnaryFn, data: &mut [f64]) {
+    unary_inplace(f, data)
+}
+
+/// A compute type with an ISA-dispatched in-place activation.
+pub trait Activate: Arith {
+    fn activate(f: UnaryFn, data: &mut [Self]);
+}
+
+impl Activate for f32 {
+    fn activate(f: UnaryFn, data: &mut [f32]) {
+        unary_inplace_f32(f, data)
+    }
+}
+
+impl Activate for f64 {
+    fn activate(f: UnaryFn, data: &mut [f64]) {
+        unary_inplace_f64(f, data)
+    }
+}
+
 /// Applies an activation in place to a contiguous f32/f64 buffer (GEMM epilogues).
-pub fn apply_unary_inplace<T: Arith>(f: UnaryFn, data: &mut [T]) {
-    let work = |chunk: &mut [T]| {
-        let mut tmp = [T::default(); CHUNK];
-        for c in chunk.chunks_mut(CHUNK) {
-            let t = &mut tmp[..c.len()];
-            t.copy_from_slice(c);
-            T::unary(f, t, c);
-        }
-    };
+pub fn apply_unary_inplace<T: Activate>(f: UnaryFn, data: &mut [T]) {
     if data.len() <= SERIAL_LIMIT {
-        work(data);
+        T::activate(f, data);
     } else {
-        data.par_chunks_mut(CHUNK * 16).for_each(work);
+        threads::par_chunks_mut(data, CHUNK * 16, |_, c| T::activate(f, c));
     }
 }
 
@@ -794,6 +1070,57 @@ mod tests {
             let want = (x[i] * 2.0 + bias[i % c]).max(0.0);
             assert_eq!(out[i], want);
             assert_eq!(mask[i], (want > 1.0) as u8);
+        }
+    }
+
+    #[test]
+    fn prepared_code_reads_in_place_hoists_constants_and_stores_directly() {
+        // r1 holds 3, then x·3, then 0.5 (reused registers must keep their meaning per position);
+        // out0 = (x·3 + s)·0.5 with s a 0-d input; out1 = x·3 (stored, then still read: not direct)
+        let n = 1500usize;
+        let mut x: Vec<f32> = (0..n).map(|i| i as f32 * 0.01 - 3.0).collect();
+        let mut s = vec![0.25f32];
+        let (mut out0, mut out1) = (vec![0f32; n], vec![0f32; n]);
+        let c = |d, value: f64| EOp::Const {
+            d,
+            value,
+            ivalue: 0,
+        };
+        let bin = |d, f, a, b| EOp::Binary { d, f, a, b };
+        let code = vec![
+            EOp::Load { d: 0, input: 0 },
+            c(1, 3.0),
+            bin(2, BinaryFn::Mul, 0, 1),
+            EOp::Store { a: 2, output: 1 },
+            EOp::Load { d: 1, input: 1 },
+            bin(3, BinaryFn::Add, 2, 1),
+            c(1, 0.5),
+            bin(0, BinaryFn::Mul, 3, 1),
+            EOp::Store { a: 0, output: 0 },
+        ];
+        validate(&code, 4, 2, 2).unwrap();
+        let shape = [n];
+        let ins = [
+            view(&mut x, DType::F32, &shape, &[1]),
+            view(&mut s, DType::F32, &shape, &[0]),
+        ];
+        let outs = [
+            view(&mut out0, DType::F32, &shape, &[1]),
+            view(&mut out1, DType::F32, &shape, &[1]),
+        ];
+        let p = prepare(&code, 4, &ins, &outs, DType::F32);
+        assert_eq!(p.hoisted.len(), 3, "two constants and the scalar input");
+        assert!(matches!(p.steps[0], Step::Alias { d: 0, input: 0 }));
+        let stores = p.steps.iter().filter(|s| matches!(s, Step::Store { .. })).count();
+        assert_eq!(stores, 1, "x·3 is read after its store; the last result goes out directly");
+        assert!(matches!(
+            p.steps.last(),
+            Some(Step::Binary { d: Dst::Out(0), .. })
+        ));
+        unsafe { run(Domain::F32, &shape, &ins, &outs, &code, 4) };
+        for i in 0..n {
+            assert_eq!(out1[i], x[i] * 3.0);
+            assert_eq!(out0[i], (x[i] * 3.0 + 0.25) * 0.5);
         }
     }
 

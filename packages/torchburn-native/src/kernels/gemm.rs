@@ -7,19 +7,33 @@ use gemm::Parallelism;
 const PARALLEL_MIN_FLOPS: usize = 96 * 96 * 96;
 
 /// A matrix view: base pointer plus row and column strides in elements.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub struct Mat<T> {
     pub ptr: *const T,
     pub rs: isize,
     pub cs: isize,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub struct MatMut<T> {
     pub ptr: *mut T,
     pub rs: isize,
     pub cs: isize,
 }
+
+// by hand: derived Clone/Copy would require `T: Copy`, but only the pointer is copied
+impl<T> Clone for Mat<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Mat<T> {}
+impl<T> Clone for MatMut<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for MatMut<T> {}
 
 pub trait GemmScalar: Copy + Send + Sync + 'static {
     const ZERO: Self;
@@ -34,16 +48,6 @@ impl GemmScalar for f32 {
 impl GemmScalar for f64 {
     const ZERO: Self = 0.0;
     const ONE: Self = 1.0;
-}
-
-fn parallelism(m: usize, n: usize, k: usize, allow_parallel: bool) -> Parallelism {
-    let threads = rayon::current_num_threads();
-    if allow_parallel && threads > 1 && m.saturating_mul(n).saturating_mul(k) >= PARALLEL_MIN_FLOPS
-    {
-        Parallelism::Rayon(threads)
-    } else {
-        Parallelism::None
-    }
 }
 
 /// `C = (accumulate ? C : 0) + alpha · A·B` for `A: m×k`, `B: k×n`, `C: m×n`.
@@ -75,6 +79,78 @@ pub unsafe fn gemm<T: GemmScalar>(
         }
         return;
     }
+    let threads = crate::threads::current();
+    if allow_parallel && threads > 1 && m.saturating_mul(n).saturating_mul(k) >= PARALLEL_MIN_FLOPS
+    {
+        // one block of the larger output side per thread; each packs the shared operand itself,
+        // which is cheap next to the multiply and needs no handoff between threads
+        let split_rows = m >= n;
+        let side = if split_rows { m } else { n };
+        let per = side.div_ceil(threads).next_multiple_of(16).min(side);
+        let shared = SharedArgs { a, b, c };
+        crate::threads::parallel_for(side.div_ceil(per), |t| {
+            let (a, b, c) = shared.get();
+            let lo = (t * per) as isize;
+            let len = per.min(side - t * per);
+            // SAFETY: blocks are disjoint row (column) ranges of C, reading in-bounds rows of A
+            // (columns of B)
+            if split_rows {
+                let a = Mat {
+                    ptr: a.ptr.offset(lo * a.rs),
+                    ..a
+                };
+                let c = MatMut {
+                    ptr: c.ptr.offset(lo * c.rs),
+                    ..c
+                };
+                gemm_serial(len, n, k, a, b, c, accumulate, alpha)
+            } else {
+                let b = Mat {
+                    ptr: b.ptr.offset(lo * b.cs),
+                    ..b
+                };
+                let c = MatMut {
+                    ptr: c.ptr.offset(lo * c.cs),
+                    ..c
+                };
+                gemm_serial(m, len, k, a, b, c, accumulate, alpha)
+            }
+        });
+        return;
+    }
+    gemm_serial(m, n, k, a, b, c, accumulate, alpha)
+}
+
+/// The operands of one GEMM, handed to the tasks that compute disjoint blocks of C.
+struct SharedArgs<T> {
+    a: Mat<T>,
+    b: Mat<T>,
+    c: MatMut<T>,
+}
+// SAFETY: tasks only read A and B and write disjoint blocks of C
+unsafe impl<T> Sync for SharedArgs<T> {}
+unsafe impl<T> Send for SharedArgs<T> {}
+
+impl<T> SharedArgs<T> {
+    /// A method, so closures capture the whole (Sync) wrapper rather than its raw-pointer fields.
+    fn get(&self) -> (Mat<T>, Mat<T>, MatMut<T>) {
+        (self.a, self.b, self.c)
+    }
+}
+
+/// # Safety
+/// As [`gemm`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_serial<T: GemmScalar>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat<T>,
+    b: Mat<T>,
+    c: MatMut<T>,
+    accumulate: bool,
+    alpha: T,
+) {
     // gemm's convention: dst = alpha·dst + beta·lhs·rhs
     gemm::gemm(
         m,
@@ -95,7 +171,7 @@ pub unsafe fn gemm<T: GemmScalar>(
         false,
         false,
         false,
-        parallelism(m, n, k, allow_parallel),
+        Parallelism::None,
     );
 }
 

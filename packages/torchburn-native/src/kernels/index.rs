@@ -4,11 +4,10 @@
 //! i64 (int32 indices are widened), negative values wrap as in Python, and an out-of-range index is an
 //! error returned to Python (an IndexError there), never a read outside the tensor.
 
-use rayon::prelude::*;
-
 use super::elementwise::View;
 use super::strided::load_run;
 use crate::plan::DType;
+use crate::threads;
 
 fn wrap(i: i64, size: usize, what: &str) -> Result<isize, String> {
     let s = size as i64;
@@ -81,10 +80,7 @@ pub unsafe fn index_select(
     if outer * nidx * bytes < (1 << 16) {
         (0..outer * nidx).for_each(job);
     } else {
-        (0..outer * nidx)
-            .into_par_iter()
-            .with_min_len(16)
-            .for_each(job);
+        threads::par_ranges(outer * nidx, 16, |lo, hi| (lo..hi).for_each(&job));
     }
     Ok(())
 }

@@ -2,6 +2,9 @@
 //!
 //! `std`'s `exp`/`tanh`/`erf` call libm one element at a time; these are written so that LLVM
 //! vectorizes a loop over them (selects instead of branches, bit casts instead of `frexp`/`ldexp`).
+//! Polynomials use `mul_add`: one fused instruction on the FMA/AVX-512/NEON paths the kernels are
+//! compiled for, half the latency of a multiply then an add, and correctly rounded on every path
+//! (the baseline x86-64 build calls libm's `fmaf`), so every ISA computes identical results.
 //! Each stays within a few ULP of the correctly rounded result over the whole f32 range and propagates
 //! NaN and infinities as IEEE 754 says.
 
@@ -21,11 +24,11 @@ pub fn exp_f32(x: f32) -> f32 {
     let n = (xc * LOG2E + ROUND_MAGIC) - ROUND_MAGIC;
     let r = xc - n * LN2_HI - n * LN2_LO;
     let p = 1.987_569_1e-4_f32;
-    let p = p * r + 1.398_199_9e-3;
-    let p = p * r + 8.333_452e-3;
-    let p = p * r + 4.166_579_6e-2;
-    let p = p * r + 1.666_666_5e-1;
-    let p = p * r + 5.000_000_1e-1;
+    let p = p.mul_add(r, 1.398_199_9e-3);
+    let p = p.mul_add(r, 8.333_452e-3);
+    let p = p.mul_add(r, 4.166_579_6e-2);
+    let p = p.mul_add(r, 1.666_666_5e-1);
+    let p = p.mul_add(r, 5.000_000_1e-1);
     let p = ((p * r) * r + r) + 1.0;
     // 2^n in two factors so that both overflow (n = 128) and subnormal results (n < -126) stay exact
     let n = (xc * LOG2E + ROUND_MAGIC).to_bits() as i32 - 0x4B40_0000;
@@ -53,18 +56,18 @@ pub fn ln_f32(x: f32) -> f32 {
     let m = if small { m + m - 1.0 } else { m - 1.0 };
     let z = m * m;
     let p = 7.037_683_6e-2_f32;
-    let p = p * m + -1.151_461e-1;
-    let p = p * m + 1.167_699_9e-1;
-    let p = p * m + -1.242_014_1e-1;
-    let p = p * m + 1.424_932_3e-1;
-    let p = p * m + -1.666_805_8e-1;
-    let p = p * m + 2.000_071_4e-1;
-    let p = p * m + -2.499_999_4e-1;
-    let p = p * m + 3.333_333e-1;
+    let p = p.mul_add(m, -1.151_461e-1);
+    let p = p.mul_add(m, 1.167_699_9e-1);
+    let p = p.mul_add(m, -1.242_014_1e-1);
+    let p = p.mul_add(m, 1.424_932_3e-1);
+    let p = p.mul_add(m, -1.666_805_8e-1);
+    let p = p.mul_add(m, 2.000_071_4e-1);
+    let p = p.mul_add(m, -2.499_999_4e-1);
+    let p = p.mul_add(m, 3.333_333e-1);
     let y = p * m * z;
-    let y = e * LN2_LO + y;
+    let y = e.mul_add(LN2_LO, y);
     let y = z * -0.5 + y;
-    let y = e * LN2_HI + m + y;
+    let y = e.mul_add(LN2_HI, m + y);
     // subnormals are rare enough in activations to take the slow, exact path
     let y = if x < f32::MIN_POSITIVE && x > 0.0 {
         x.ln()
@@ -91,10 +94,10 @@ pub fn tanh_f32(x: f32) -> f32 {
     // small |x|: odd polynomial keeps the relative error tiny near zero
     let z = x * x;
     let p = -5.704_988_7e-3_f32;
-    let p = p * z + 2.063_908_9e-2;
-    let p = p * z + -5.373_971_6e-2;
-    let p = p * z + 1.333_144_2e-1;
-    let p = p * z + -3.333_328_2e-1;
+    let p = p.mul_add(z, 2.063_908_9e-2);
+    let p = p.mul_add(z, -5.373_971_6e-2);
+    let p = p.mul_add(z, 1.333_144_2e-1);
+    let p = p.mul_add(z, -3.333_328_2e-1);
     let small = (p * z) * x + x;
     // large |x|: 1 - 2 / (e^{2|x|} + 1), exact to f32 beyond |x| ≈ 9
     let large = 1.0 - 2.0 / (exp_f32(2.0 * a) + 1.0);
@@ -111,33 +114,37 @@ pub fn tanh_f32(x: f32) -> f32 {
 fn erfc_abs(a: f32) -> f32 {
     let t = 1.0 / (1.0 + 0.5 * a);
     let p = 0.170_872_77_f32;
-    let p = p * t + -0.822_152_23;
-    let p = p * t + 1.488_515_9;
-    let p = p * t + -1.135_203_9;
-    let p = p * t + 0.278_868_07;
-    let p = p * t + -0.186_288_06;
-    let p = p * t + 0.096_784_18;
-    let p = p * t + 0.374_091_96;
-    let p = p * t + 1.000_023_7;
-    let p = p * t + -1.265_512_2;
+    let p = p.mul_add(t, -0.822_152_23);
+    let p = p.mul_add(t, 1.488_515_9);
+    let p = p.mul_add(t, -1.135_203_9);
+    let p = p.mul_add(t, 0.278_868_07);
+    let p = p.mul_add(t, -0.186_288_06);
+    let p = p.mul_add(t, 0.096_784_18);
+    let p = p.mul_add(t, 0.374_091_96);
+    let p = p.mul_add(t, 1.000_023_7);
+    let p = p.mul_add(t, -1.265_512_2);
     t * exp_f32(p - a * a)
+}
+
+/// erf(x) for |x| < 0.5 by its Maclaurin series, where `1 - erfc` would cancel.
+#[inline(always)]
+fn erf_series(x: f32) -> f32 {
+    let z = x * x;
+    let s = -1.0_f32 / 1320.0;
+    let s = s.mul_add(z, 1.0 / 216.0);
+    let s = s.mul_add(z, -1.0 / 42.0);
+    let s = s.mul_add(z, 1.0 / 10.0);
+    let s = s.mul_add(z, -1.0 / 3.0);
+    let s = s.mul_add(z, 1.0);
+    s * x * std::f32::consts::FRAC_2_SQRT_PI
 }
 
 #[inline(always)]
 pub fn erf_f32(x: f32) -> f32 {
     let a = x.abs();
-    // Maclaurin series near zero, where 1 - erfc would cancel
-    let z = x * x;
-    let s = -1.0_f32 / 1320.0;
-    let s = s * z + 1.0 / 216.0;
-    let s = s * z + -1.0 / 42.0;
-    let s = s * z + 1.0 / 10.0;
-    let s = s * z + -1.0 / 3.0;
-    let s = s * z + 1.0;
-    let small = s * x * std::f32::consts::FRAC_2_SQRT_PI;
     let large = 1.0 - erfc_abs(a);
     let large = if x < 0.0 { -large } else { large };
-    let y = if a < 0.5 { small } else { large };
+    let y = if a < 0.5 { erf_series(x) } else { large };
     if x.is_nan() {
         x
     } else {
@@ -146,20 +153,24 @@ pub fn erf_f32(x: f32) -> f32 {
 }
 
 /// GELU with the exact (erf) form: x/2 · erfc(-x/√2), evaluated without cancellation for x < 0.
+/// One `erfc_abs` serves both signs (erfc(-a) = 2 - erfc(a)).
 #[inline(always)]
 pub fn gelu_f32(x: f32) -> f32 {
     let z = x * std::f32::consts::FRAC_1_SQRT_2;
-    let a = z.abs();
-    let tail = erfc_abs(a); // erfc(|z|)
-    let mid = 1.0 + erf_f32(z);
+    let tail = erfc_abs(z.abs()); // erfc(|z|)
     let c = if z < -0.5 {
         tail
     } else if z > 0.5 {
         2.0 - tail
     } else {
-        mid
+        1.0 + erf_series(z)
     };
-    0.5 * x * c
+    // PyTorch's vectorized kernel gives NaN at both infinities (its erf form multiplies inf by 0)
+    if x.is_infinite() {
+        f32::NAN
+    } else {
+        0.5 * x * c
+    }
 }
 
 /// GELU with PyTorch's `approximate="tanh"` form.
@@ -283,6 +294,6 @@ mod tests {
         }
         assert!(gelu_f32(f32::NAN).is_nan());
         assert!(gelu_f32(f32::NEG_INFINITY).is_nan(), "as PyTorch: -inf · 0");
-        assert_eq!(gelu_f32(f32::INFINITY), f32::INFINITY);
+        assert!(gelu_f32(f32::INFINITY).is_nan(), "as PyTorch's vectorized kernel");
     }
 }

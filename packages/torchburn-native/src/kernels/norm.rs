@@ -15,10 +15,10 @@
 //!
 //! Work is split across rayon over rows (groups), on the calling thread when small.
 
+use crate::threads;
 use std::ops::{Add, Mul, Sub};
 
 use multiversion::multiversion;
-use rayon::prelude::*;
 
 /// Independent accumulators per sum (four AVX2 registers of f32): hides the add latency without
 /// relying on reassociation, which the compiler does not do for floating point.
@@ -422,9 +422,7 @@ fn for_row_chunks<T: Send + Sync, F>(
         )
         .enumerate()
         .collect();
-    items
-        .into_par_iter()
-        .for_each(|(t, ((x, o), (m, s)))| f(t * rpt, x, o, m, s));
+    threads::par_each(items, |(t, ((x, o), (m, s)))| f(t * rpt, x, o, m, s));
 }
 
 /// Statistics of empty rows/groups: mean 0, rstd NaN (PyTorch's for a zero-width layer norm).

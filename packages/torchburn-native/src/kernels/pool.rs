@@ -12,8 +12,8 @@
 //! rule gives the same value and index as one scan over the window. Planes are independent rayon
 //! tasks.
 
+use crate::threads;
 use multiversion::multiversion;
-use rayon::prelude::*;
 
 use crate::kernels::conv::{deinterleave2, numel, ConvScalar};
 
@@ -183,16 +183,18 @@ pub fn max_pool2d<T: ConvScalar>(
                 reach < Idx::MAX as u128,
                 "max_pool2d: indices within a plane must fit in 32 bits"
             );
-            out.par_chunks_mut(chunk)
-                .zip(idx.par_chunks_mut(chunk))
+            let items: Vec<_> = out
+                .chunks_mut(chunk)
+                .zip(idx.chunks_mut(chunk))
                 .enumerate()
-                .for_each(|(t, (o, i))| {
-                    let x = &input[t * per_task * plane_in..][..o.len() / plane_out * plane_in];
-                    max_planes(&job, x, o, Some(i));
-                });
+                .collect();
+            threads::par_each(items, |(t, (o, i))| {
+                let x = &input[t * per_task * plane_in..][..o.len() / plane_out * plane_in];
+                max_planes(&job, x, o, Some(i));
+            });
         }
         None => {
-            out.par_chunks_mut(chunk).enumerate().for_each(|(t, o)| {
+            threads::par_chunks_mut(out, chunk, |t, o| {
                 let x = &input[t * per_task * plane_in..][..o.len() / plane_out * plane_in];
                 max_planes(&job, x, o, None);
             });
@@ -477,12 +479,10 @@ pub fn avg_pool2d<T: ConvScalar>(
         include_pad: count_include_pad,
         divisor: divisor_override,
     };
-    out.par_chunks_mut(plane_out * per_task)
-        .enumerate()
-        .for_each(|(t, o)| {
-            let x = &input[t * per_task * plane_in..][..o.len() / plane_out * plane_in];
-            avg_planes(&job, x, o);
-        });
+    threads::par_chunks_mut(out, plane_out * per_task, |t, o| {
+        let x = &input[t * per_task * plane_in..][..o.len() / plane_out * plane_in];
+        avg_planes(&job, x, o);
+    });
 }
 
 struct AvgJob<'a> {
@@ -581,22 +581,20 @@ pub fn adaptive_avg_pool2d<T: ConvScalar>(
     // each output reads about plane_in / plane_out elements: a plane costs about max(plane_in,
     // plane_out)
     let per_task = TASK_MIN_WORK / plane_in.max(plane_out) + 1;
-    out.par_chunks_mut(plane_out * per_task)
-        .enumerate()
-        .for_each(|(t, o)| {
-            let x = &input[t * per_task * plane_in..][..o.len() / plane_out * plane_in];
-            if plane_out == 1 {
-                // global pooling (ResNet, MobileNet heads): one contiguous sum per plane
-                let (kh, kw) = (T::from_i64(h as i64), T::from_i64(w as i64));
-                for (o, x) in o.iter_mut().zip(x.chunks_exact(plane_in)) {
-                    *o = sum_row(x) / kh / kw;
-                }
-            } else {
-                for (o, x) in o.chunks_exact_mut(plane_out).zip(x.chunks_exact(plane_in)) {
-                    adaptive_plane(h, w, h_out, w_out, x, o);
-                }
+    threads::par_chunks_mut(out, plane_out * per_task, |t, o| {
+        let x = &input[t * per_task * plane_in..][..o.len() / plane_out * plane_in];
+        if plane_out == 1 {
+            // global pooling (ResNet, MobileNet heads): one contiguous sum per plane
+            let (kh, kw) = (T::from_i64(h as i64), T::from_i64(w as i64));
+            for (o, x) in o.iter_mut().zip(x.chunks_exact(plane_in)) {
+                *o = sum_row(x) / kh / kw;
             }
-        });
+        } else {
+            for (o, x) in o.chunks_exact_mut(plane_out).zip(x.chunks_exact(plane_in)) {
+                adaptive_plane(h, w, h_out, w_out, x, o);
+            }
+        }
+    });
 }
 
 fn adaptive_plane<T: ConvScalar>(

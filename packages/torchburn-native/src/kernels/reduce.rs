@@ -4,11 +4,10 @@
 //! is "for each kept index, fold the trailing block". Floats accumulate in f64 per output element, which
 //! keeps sums of millions of f32 values exact to f32 precision without a cascade.
 
-use rayon::prelude::*;
-
 use super::elementwise::View;
 use super::strided::{for_runs, layout_of, load_run, store_run, Layout};
 use crate::plan::{DType, ReduceKind};
+use crate::threads;
 
 const CHUNK: usize = 1024;
 
@@ -78,11 +77,10 @@ pub unsafe fn reduce(a: &ReduceArgs<'_>) -> Result<(), String> {
         }
     };
     let cost = outer.saturating_mul(inner.max(1));
-    if cost < (1 << 15) || rayon::current_num_threads() == 1 {
+    if cost < (1 << 15) || threads::current() == 1 {
         (0..outer).for_each(one);
     } else {
-        let grain = (outer / (rayon::current_num_threads() * 8)).max(1);
-        (0..outer).into_par_iter().with_min_len(grain).for_each(one);
+        threads::par_ranges(outer, 1, |lo, hi| (lo..hi).for_each(&one));
     }
     Ok(())
 }

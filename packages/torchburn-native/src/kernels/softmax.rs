@@ -18,10 +18,10 @@
 //! [`crate::kernels::math::exp_f32`] specialised to `x <= 0`) and [`ln_f32`], and is compiled per
 //! CPU target with `multiversion`; the f64 path shares the code with `std`'s libm `exp`/`ln`.
 
+use crate::threads;
 use std::ops::{Add, Div, Mul, Sub};
 
 use multiversion::multiversion;
-use rayon::prelude::*;
 
 use crate::kernels::math::ln_f32;
 
@@ -392,10 +392,8 @@ fn softmax_impl<T: Elem>(
             rows(input, out, n, log);
         } else {
             let chunk = (GRAIN / n).max(1) * n;
-            input
-                .par_chunks(chunk)
-                .zip(out.par_chunks_mut(chunk))
-                .for_each(|(x, o)| rows(x, o, n, log));
+            let items: Vec<_> = input.chunks(chunk).zip(out.chunks_mut(chunk)).collect();
+            threads::par_each(items, |(x, o)| rows(x, o, n, log));
         }
         return;
     }
@@ -405,7 +403,7 @@ fn softmax_impl<T: Elem>(
     let tasks_wanted = if total < SERIAL_MAX {
         1
     } else {
-        2 * rayon::current_num_threads()
+        2 * threads::current()
     };
     let tiles_wanted = tasks_wanted.div_ceil(outer);
     let tw = inner
@@ -436,7 +434,7 @@ fn softmax_impl<T: Elem>(
     if total < SERIAL_MAX {
         (0..outer * tiles).for_each(run);
     } else {
-        (0..outer * tiles).into_par_iter().for_each(run);
+        threads::parallel_for(outer * tiles, run);
     }
 }
 

@@ -88,6 +88,8 @@ pub fn for_runs(
 /// A compute type the elementwise machine works in (f32, f64 or i64), with conversions from and to
 /// every storage dtype. Conversions follow PyTorch: float→int truncates, anything→bool is `!= 0`.
 pub trait Lane: Copy + Send + Sync + Default + PartialEq + 'static {
+    /// The storage dtype whose elements are this type exactly (read in place, without conversion).
+    const STORAGE: DType;
     fn from_f32(v: f32) -> Self;
     fn from_f64(v: f64) -> Self;
     fn from_i64(v: i64) -> Self;
@@ -100,6 +102,7 @@ pub trait Lane: Copy + Send + Sync + Default + PartialEq + 'static {
 }
 
 impl Lane for f32 {
+    const STORAGE: DType = DType::F32;
     #[inline(always)]
     fn from_f32(v: f32) -> Self {
         v
@@ -136,6 +139,7 @@ impl Lane for f32 {
 }
 
 impl Lane for f64 {
+    const STORAGE: DType = DType::F64;
     #[inline(always)]
     fn from_f32(v: f32) -> Self {
         v as f64
@@ -172,6 +176,7 @@ impl Lane for f64 {
 }
 
 impl Lane for i64 {
+    const STORAGE: DType = DType::I64;
     #[inline(always)]
     fn from_f32(v: f32) -> Self {
         v as i64
