@@ -64,10 +64,28 @@ impl Program {
     }
 }
 
-/// Sizes the worker pool; only the first call takes effect (rayon's global pool is built once).
+/// Sizes the worker pool; only the first call takes effect.
 #[pyfunction]
 fn init_threads(n: usize) -> usize {
     crate::threads::init(n)
+}
+
+/// Runs parallel kernels on the process's OpenMP team (PyTorch's); `addr` is `GOMP_parallel`'s address.
+#[pyfunction]
+fn share_openmp(addr: usize) -> PyResult<()> {
+    if addr == 0 {
+        return Err(PyValueError::new_err(
+            "GOMP_parallel address must not be null",
+        ));
+    }
+    // SAFETY: the Python side resolves the symbol in a libgomp mapped into this process for good
+    unsafe { crate::threads::share_openmp(addr) };
+    Ok(())
+}
+
+#[pyfunction]
+fn thread_pool() -> &'static str {
+    crate::threads::pool_kind()
 }
 
 #[pyfunction]
@@ -104,6 +122,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Program>()?;
     m.add_function(wrap_pyfunction!(init_threads, m)?)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(share_openmp, m)?)?;
+    m.add_function(wrap_pyfunction!(thread_pool, m)?)?;
     m.add_function(wrap_pyfunction!(isa, m)?)?;
     m.add_function(wrap_pyfunction!(debug_last_call, m)?)?;
     m.add_function(wrap_pyfunction!(debug_stats, m)?)?;

@@ -6,11 +6,17 @@
 //! whole elementwise kernel. So, like OpenMP runtimes do, workers here spin for a while after each job
 //! before they park, and the calling thread works on its own job instead of waiting for the pool.
 //!
+//! When the process already runs PyTorch on GNU OpenMP (its Linux wheels do, and MKL shares that
+//! runtime), the Python side hands over `GOMP_parallel` and jobs run on PyTorch's own OpenMP team
+//! instead: two pools on the same cores would each spin while the other needs the core, and eager
+//! code interleaved with compiled regions (graph breaks, benchmarks) would pay for it both ways.
+//!
 //! One job runs at a time. A second caller (another Python thread, or a kernel already running inside
 //! a job that asks for parallelism again) does not queue: it runs its tasks serially on its own thread.
 //! That keeps nesting and concurrent calls deadlock-free with no scheduler.
 
 use std::cell::Cell;
+use std::ffi::{c_uint, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Condvar, Mutex, OnceLock};
@@ -65,24 +71,64 @@ thread_local! {
     static IN_WORKER: Cell<bool> = const { Cell::new(false) };
 }
 
+/// `GOMP_parallel(fn, data, num_threads, flags)`, libgomp's entry point for `#pragma omp parallel`.
+type GompParallel = unsafe extern "C" fn(extern "C" fn(*mut c_void), *mut c_void, c_uint, c_uint);
+
+/// Address of the process's `GOMP_parallel`, or 0 to use this module's own pool.
+static GOMP_PARALLEL: AtomicUsize = AtomicUsize::new(0);
+
 /// Sets the number of threads (the caller plus workers); only takes effect before the first parallel job.
 pub fn init(threads: usize) -> usize {
     let _ = REQUESTED.compare_exchange(0, threads.max(1), SeqCst, SeqCst);
     current()
 }
 
+/// Runs later jobs on the OpenMP team behind `gomp_parallel` (the address of `GOMP_parallel` in a
+/// libgomp already loaded in this process).
+///
+/// # Safety
+/// `gomp_parallel` must be the address of libgomp's `GOMP_parallel`, loaded for the life of the process.
+pub unsafe fn share_openmp(gomp_parallel: usize) {
+    GOMP_PARALLEL.store(gomp_parallel, SeqCst);
+}
+
+/// Which pool runs parallel jobs: "openmp" (shared with PyTorch) or "own".
+pub fn pool_kind() -> &'static str {
+    if GOMP_PARALLEL.load(SeqCst) != 0 {
+        "openmp"
+    } else {
+        "own"
+    }
+}
+
 /// Threads a parallel job runs on, the calling thread included.
 pub fn current() -> usize {
+    if GOMP_PARALLEL.load(SeqCst) != 0 {
+        return requested();
+    }
     pool().workers + 1
+}
+
+fn requested() -> usize {
+    match REQUESTED.load(SeqCst) {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    }
+}
+
+/// The body every OpenMP thread runs: claim tasks of the job until none is left.
+extern "C" fn omp_body(job: *mut c_void) {
+    // SAFETY: `parallel_for` passes a live `Job` and GOMP_parallel returns only after every thread
+    // has left this function
+    let job = unsafe { &*(job as *const Job<'_>) };
+    let outer = IN_WORKER.with(|w| w.replace(true));
+    job.work();
+    IN_WORKER.with(|w| w.set(outer));
 }
 
 fn pool() -> &'static Pool {
     POOL.get_or_init(|| {
-        let requested = match REQUESTED.load(SeqCst) {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            n => n,
-        };
-        let workers = requested - 1;
+        let workers = requested() - 1;
         for i in 0..workers {
             std::thread::Builder::new()
                 .name(format!("torchburn-{i}"))
@@ -139,22 +185,49 @@ pub fn parallel_for(n: usize, task: impl Fn(usize) + Sync) {
     if n == 0 {
         return;
     }
-    let pool = pool();
     let serial = || (0..n).for_each(&task);
-    if n == 1 || pool.workers == 0 || IN_WORKER.with(|w| w.get()) {
+    if n == 1 || IN_WORKER.with(|w| w.get()) {
         return serial();
     }
-    let Ok(_guard) = pool.submit.try_lock() else {
-        // the pool is busy with another caller's job (or this thread's, one level up)
-        return serial();
-    };
-    let job = Job {
+    let new_job = || Job {
         task: &task,
         n,
         next: AtomicUsize::new(0),
         finished: AtomicUsize::new(0),
         panicked: AtomicBool::new(false),
     };
+    let gomp = GOMP_PARALLEL.load(SeqCst);
+    if gomp != 0 {
+        let team = requested().min(n);
+        if team <= 1 {
+            return serial();
+        }
+        let job = new_job();
+        // SAFETY: `share_openmp` promised a libgomp `GOMP_parallel`; it returns after the team's
+        // implicit barrier, so `job` outlives every use
+        unsafe {
+            let parallel: GompParallel = std::mem::transmute(gomp);
+            parallel(
+                omp_body,
+                &job as *const Job<'_> as *mut c_void,
+                team as c_uint,
+                0,
+            );
+        }
+        if job.panicked.load(SeqCst) {
+            panic!("a parallel kernel task panicked");
+        }
+        return;
+    }
+    let pool = pool();
+    if pool.workers == 0 {
+        return serial();
+    }
+    let Ok(_guard) = pool.submit.try_lock() else {
+        // the pool is busy with another caller's job (or this thread's, one level up)
+        return serial();
+    };
+    let job = new_job();
     // SAFETY: erasing the lifetime is sound because the pointer is cleared and every worker that could
     // have read it has left (`active == 0`) before `job` goes out of scope below.
     let erased = &job as *const Job<'_> as *mut Job<'static>;

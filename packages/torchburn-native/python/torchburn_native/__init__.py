@@ -25,6 +25,14 @@ def num_threads() -> int:
     return ensure_threads()
 
 
+def thread_pool() -> str:
+    """Which threads run parallel kernels: ``openmp`` (PyTorch's own OpenMP team) or ``own``."""
+    from .engine import ensure_threads
+
+    ensure_threads()
+    return str(_native.thread_pool())
+
+
 def debug_last_call() -> dict[str, list[int]]:
     """Data pointers the last program run on this thread read (``inputs``) and wrote (``outputs``)."""
     result: dict[str, Any] = _native.debug_last_call()
@@ -44,4 +52,4 @@ def ops_table() -> list[dict[str, str]]:
     return OPS.rows()
 
 
-__all__ = ["debug_last_call", "debug_stats", "isa", "num_threads", "ops_table"]
+__all__ = ["debug_last_call", "debug_stats", "isa", "num_threads", "ops_table", "thread_pool"]

@@ -15,6 +15,7 @@ from torchburn.hookspecs import hookimpl
 from . import __version__, _native
 from .decompositions import DECOMPOSITIONS
 from .lowering import OPS
+from .openmp import requested_pool, torch_gomp_parallel
 from .program import CompiledRegion
 from .values import SUPPORTED_DTYPES
 
@@ -42,6 +43,10 @@ def ensure_threads() -> int:
     global _threads_ready
     if not _threads_ready:
         _native.init_threads(configured_threads())
+        if requested_pool() == "torch":
+            addr = torch_gomp_parallel()
+            if addr is not None:
+                _native.share_openmp(addr)
         _threads_ready = True
     return int(_native.num_threads())
 
@@ -55,7 +60,7 @@ class NativeEngine(Engine):
     ops = OPS
 
     def availability(self) -> Availability:
-        return Availability(True, device_name=f"CPU ({_native.isa()})")
+        return Availability(True, device_name=f"CPU ({_native.isa()}, {ensure_threads()} threads)")
 
     def keep_whole(self) -> frozenset[Any]:
         # implemented as fused kernels: decomposing them would cost extra memory sweeps

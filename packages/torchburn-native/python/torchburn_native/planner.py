@@ -58,6 +58,17 @@ class PlannedProgram:
     n_instrs: int
     constants: tuple[torch.Tensor, ...] = ()  # tensors the graph holds (get_attr), passed after the inputs
     intermediate_bytes: int = 0  # what the arena would need without reuse
+    # row-major copies the caller makes of column-major GEMM operands (see ``Planner.row_major_copy``),
+    # passed after the constants: (index among inputs+constants, shape, strides, storage offset)
+    derived: tuple[DerivedInput, ...] = ()
+
+
+@dataclass(frozen=True)
+class DerivedInput:
+    source: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int
 
 
 def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
@@ -107,6 +118,7 @@ class Planner:
         self.current: torch.fx.Node | None = None
         self.in_bytes: list[int] = []
         self.constants: list[torch.Tensor] = []
+        self.derived: list[DerivedInput] = []
 
     # ---- buffers -------------------------------------------------------------------------------
     def new_value(self, shape: Sequence[int], dtype: torch.dtype) -> Value:
@@ -273,6 +285,20 @@ class Planner:
         self.env[node] = Value(buf, t.dtype, tuple(t.shape), tuple(t.stride()), 0)
         self.meta_env[node] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
+    def row_major_copy(self, v: Value) -> Value:
+        """A row-major copy of the region input that ``v`` views, made by the caller once per version of
+        that tensor (a Linear weight read as ``w.t()`` is column-major: a GEMM would repack it every call).
+        """
+        spec = DerivedInput(v.buffer.index, v.shape, v.strides, v.offset)
+        if spec in self.derived:
+            index = len(self.in_bytes) - len(self.derived) + self.derived.index(spec)
+            buf = Buffer("in", index, max(v.numel, 1) * _itemsize(v.dtype))
+        else:
+            buf = Buffer("in", len(self.in_bytes), max(v.numel, 1) * _itemsize(v.dtype))
+            self.in_bytes.append(buf.nbytes)
+            self.derived.append(spec)
+        return Value(buf, v.dtype, v.shape, contiguous_strides(v.shape))
+
     def _meta(self, node: torch.fx.Node) -> Any:
         if node.target is operator.getitem:
             seq, idx = node.args
@@ -339,7 +365,14 @@ class Planner:
         out_bytes = [max(numel(s.shape), 1) * _itemsize(s.dtype) for s in out_specs]
         unplanned = sum(_align(b.nbytes) for b in self.buffers if b.kind == "tmp" and b.first_use >= 0)
         return PlannedProgram(
-            text, self.in_bytes, out_specs, out_bytes, len(self.instrs), tuple(self.constants), unplanned
+            text,
+            self.in_bytes,
+            out_specs,
+            out_bytes,
+            len(self.instrs),
+            tuple(self.constants),
+            unplanned,
+            tuple(self.derived),
         )
 
     def _place_tmp_buffers(self) -> int:

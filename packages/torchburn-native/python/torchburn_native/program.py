@@ -5,6 +5,8 @@ from __future__ import annotations
 import collections
 import json
 import threading
+import weakref
+from dataclasses import dataclass
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,7 +14,7 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from . import _native
-from .planner import PlannedProgram, Planner
+from .planner import DerivedInput, PlannedProgram, Planner
 
 
 def signature(args: Sequence[Any]) -> tuple[Any, ...]:
@@ -35,6 +37,8 @@ class CompiledRegion:
         self.graph_module = gm
         self._plans: dict[tuple[Any, ...], tuple[_native.Program, PlannedProgram]] = {}
         self._lock = threading.Lock()
+        # per planned program, per derived input: (source tensor, its data pointer, its version, the copy)
+        self._derived: dict[int, list[_DerivedEntry | None]] = {}
         _RECENT.append(self)
 
     def describe(self) -> list[dict[str, Any]]:
@@ -73,5 +77,53 @@ class CompiledRegion:
         ins = [a.data_ptr() for a in args if isinstance(a, torch.Tensor)]
         if planned.constants:
             ins += [c.data_ptr() for c in planned.constants]
+        copies: list[torch.Tensor] = []  # held until the run ends, even if another thread refreshes them
+        if planned.derived:
+            sources = [a for a in args if isinstance(a, torch.Tensor)] + list(planned.constants)
+            copies = self._derived_copies(planned, sources)
+            ins += [c.data_ptr() for c in copies]
         program.run(ins, [o.data_ptr() for o in outs])
         return outs
+
+    def _derived_copies(self, planned: PlannedProgram, sources: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The row-major copies the plan reads, remade only when their source changed: another tensor,
+        new storage (``.data =``), or an in-place update (its version counter moved)."""
+        cache = self._derived.setdefault(id(planned), [None] * len(planned.derived))
+        copies = []
+        for i, spec in enumerate(planned.derived):
+            src = sources[spec.source]
+            version = _version(src)
+            entry = cache[i]
+            if (
+                entry is None
+                or version is None
+                or entry.source() is not src
+                or entry.data_ptr != src.data_ptr()
+                or entry.version != version
+            ):
+                entry = _DerivedEntry(weakref.ref(src), src.data_ptr(), version, _row_major(src, spec))
+                cache[i] = entry
+            copies.append(entry.copy)
+        return copies
+
+
+@dataclass(frozen=True)
+class _DerivedEntry:
+    source: weakref.ref[torch.Tensor]
+    data_ptr: int
+    version: int | None
+    copy: torch.Tensor
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """The tensor's in-place version counter; None for inference tensors, which have none (never cached)."""
+    try:
+        return int(t._version)
+    except RuntimeError:
+        return None
+
+
+def _row_major(src: torch.Tensor, spec: DerivedInput) -> torch.Tensor:
+    with torch.no_grad():
+        view = torch.as_strided(src, spec.shape, spec.strides, src.storage_offset() + spec.offset)
+        return view.contiguous()

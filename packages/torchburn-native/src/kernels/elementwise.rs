@@ -1111,8 +1111,15 @@ mod tests {
         let p = prepare(&code, 4, &ins, &outs, DType::F32);
         assert_eq!(p.hoisted.len(), 3, "two constants and the scalar input");
         assert!(matches!(p.steps[0], Step::Alias { d: 0, input: 0 }));
-        let stores = p.steps.iter().filter(|s| matches!(s, Step::Store { .. })).count();
-        assert_eq!(stores, 1, "x·3 is read after its store; the last result goes out directly");
+        let stores = p
+            .steps
+            .iter()
+            .filter(|s| matches!(s, Step::Store { .. }))
+            .count();
+        assert_eq!(
+            stores, 1,
+            "x·3 is read after its store; the last result goes out directly"
+        );
         assert!(matches!(
             p.steps.last(),
             Some(Step::Binary { d: Dst::Out(0), .. })

@@ -294,6 +294,9 @@ mod tests {
         }
         assert!(gelu_f32(f32::NAN).is_nan());
         assert!(gelu_f32(f32::NEG_INFINITY).is_nan(), "as PyTorch: -inf · 0");
-        assert!(gelu_f32(f32::INFINITY).is_nan(), "as PyTorch's vectorized kernel");
+        assert!(
+            gelu_f32(f32::INFINITY).is_nan(),
+            "as PyTorch's vectorized kernel"
+        );
     }
 }

@@ -38,6 +38,26 @@ def _as_gemm_input(p: Planner, x: Tensorish, dtype: torch.dtype) -> Value:
     return v
 
 
+# below this many elements repacking a column-major operand each call costs less than keeping a copy
+ROW_MAJOR_COPY_MIN = 1 << 14
+
+
+def _weight_layout(p: Planner, v: Value) -> Value:
+    """A column-major 2-D region input (``x @ w.t()``, as Linear does) read from a cached row-major copy:
+    the GEMM kernel would otherwise gather it element by element into its packed layout on every call.
+    """
+    if (
+        v.buffer.kind == "in"
+        and v.rank == 2
+        and v.strides[0] == 1
+        and v.strides[1] == v.shape[0]
+        and v.shape[1] > 1
+        and v.numel >= ROW_MAJOR_COPY_MIN
+    ):
+        return p.row_major_copy(v)
+    return v
+
+
 def matmul(
     p: Planner,
     a: Tensorish,
@@ -50,7 +70,7 @@ def matmul(
     out_dtype: torch.dtype = meta.dtype
     dtype = _gemm_dtype(out_dtype)
     av = _as_gemm_input(p, a, dtype)
-    bv = _as_gemm_input(p, b, dtype)
+    bv = _weight_layout(p, _as_gemm_input(p, b, dtype))
     out = p.new_value(tuple(meta.shape), dtype)
     instr: dict[str, Any] = {
         "kind": "matmul",

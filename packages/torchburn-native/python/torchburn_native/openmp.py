@@ -1,0 +1,53 @@
+"""Finding PyTorch's OpenMP runtime, so the native kernels run on the same threads as eager PyTorch.
+
+Two thread pools on the same cores fight: each spins after its work while the other needs the core.
+PyTorch's Linux wheels run intra-op work (and MKL) on GNU OpenMP, so the engine hands that runtime's
+``GOMP_parallel`` to the Rust side and its parallel kernels join PyTorch's team. Anywhere else (no
+libgomp mapped, another backend, ``TORCHBURN_THREAD_POOL=own``) the Rust side keeps its own pool.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+
+import torch
+
+POOL_ENV = "TORCHBURN_THREAD_POOL"
+POOLS = ("torch", "own")
+
+
+def requested_pool() -> str:
+    """``TORCHBURN_THREAD_POOL``: ``torch`` (default, share PyTorch's OpenMP team) or ``own``."""
+    raw = os.environ.get(POOL_ENV, "torch").strip().lower() or "torch"
+    if raw not in POOLS:
+        raise ValueError(f"{POOL_ENV} must be one of {', '.join(POOLS)}, got {raw!r}")
+    return raw
+
+
+def _mapped_libgomp() -> list[str]:
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as f:
+            fields = [line.split() for line in f]
+    except OSError:
+        return []
+    return sorted({f[-1] for f in fields if len(f) >= 6 and "libgomp" in os.path.basename(f[-1])})
+
+
+def torch_gomp_parallel() -> int | None:
+    """The address of ``GOMP_parallel`` in the libgomp PyTorch runs on, or None if it runs on none."""
+    if not sys.platform.startswith("linux") or "OpenMP" not in torch.__config__.parallel_info():
+        return None
+    for path in _mapped_libgomp():
+        try:
+            # RTLD_NOLOAD: only a library already in the process (the very one PyTorch uses)
+            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        except OSError:
+            continue
+        fn = getattr(lib, "GOMP_parallel", None)
+        if fn is not None:
+            addr = ctypes.cast(fn, ctypes.c_void_p).value
+            if addr:
+                return int(addr)
+    return None

@@ -1,0 +1,57 @@
+"""GEMM weights read through a cached row-major copy (``x @ w.t()``, as Linear does).
+
+The copy is made once per version of the weight; these tests prove that every way of changing a weight
+(in place, ``.data =``, a new tensor) is seen on the next call, and that an unchanged weight is not
+copied again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+Compile = Callable[..., Callable[..., Any]]
+Ran = Callable[..., None]
+
+
+def _regions(engine_name: str) -> Any:
+    if engine_name == "reference":
+        pytest.skip("native-only API")
+    from torchburn_native.program import recent_regions
+
+    return recent_regions
+
+
+def test_weight_changes_are_seen_and_unchanged_weights_are_not_recopied(
+    engine_name: str, compile_engine: Compile, assert_engine_ran: Ran
+) -> None:
+    recent_regions = _regions(engine_name)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 128)).eval()
+    x = torch.randn(8, 256)
+    fast = compile_engine(model)
+
+    def check() -> None:
+        with torch.no_grad():
+            torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-4)
+
+    check()
+    region = recent_regions()[-1]
+    copies = [e.copy for entries in region._derived.values() for e in entries if e is not None]
+    assert len(copies) == 2, "both Linear weights should be read from row-major copies"
+    check()
+    again = [e.copy for entries in region._derived.values() for e in entries if e is not None]
+    assert all(a is b for a, b in zip(copies, again, strict=True)), "an unchanged weight was copied again"
+
+    with torch.no_grad():
+        model[0].weight.mul_(-2.0)  # in place: the version counter moves
+    check()
+    model[2].weight.data = torch.randn(128, 512)  # new storage, same Parameter
+    check()
+    model[0].weight = nn.Parameter(torch.randn(512, 256))  # another tensor altogether
+    check()
+    assert_engine_ran()
