@@ -2,6 +2,11 @@
 //!
 //! Python plans a compiled region into a flat program (JSON); [`program::Program`] runs it with one
 //! foreign call, on the caller's tensors' memory and a reusable scratch arena.
+//!
+//! Hot kernels are compiled several times with `#[multiversion(targets(...))]` and picked at run time.
+//! The dispatcher takes the first target the CPU supports, so every list names the widest ISA first:
+//! `"x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma"`, then `"x86_64+avx2+fma"`, then `"aarch64+neon"`;
+//! the wheel itself is built for the portable baseline.
 
 pub mod kernels;
 pub mod plan;
@@ -15,7 +20,12 @@ mod python;
 pub fn isa() -> &'static str {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") {
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("fma")
+        {
             return "avx512";
         }
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")

@@ -326,7 +326,11 @@ fn mask_keyrow(row: &mut [f32], ctx: &Ctx<'_>, bi: usize, hi: usize, q0: usize, 
 
 /// Attention for queries `q0 .. q0 + qn` of head `bh` (flattened batch·head) into `out` (`qn × dv`)
 /// and `lse` (`qn`).
-#[multiversion(targets("x86_64+avx2+fma", "x86_64+avx512f", "aarch64+neon"))]
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
 fn attend_block(
     ctx: &Ctx<'_>,
     bh: usize,

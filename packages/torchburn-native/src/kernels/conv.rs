@@ -771,7 +771,11 @@ pub(crate) fn deinterleave2<T: Copy>(src: &[T], even: &mut [T], odd: &mut [T]) {
 }
 
 /// Output planes `first..` of a depthwise convolution into `out` (whole planes).
-#[multiversion(targets("x86_64+avx2+fma", "x86_64+avx512f", "aarch64+neon"))]
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
 #[allow(clippy::too_many_arguments)]
 fn dw_planes<T: ConvScalar>(
     g: &Geom,

@@ -329,7 +329,11 @@ fn group_norm_groups<T: Elem>(
 macro_rules! instantiate {
     ($t:ty, $ln:ident, $rms:ident, $gn:ident) => {
         #[allow(clippy::too_many_arguments)]
-        #[multiversion(targets("x86_64+avx2+fma", "x86_64+avx512f", "aarch64+neon"))]
+        #[multiversion(targets(
+            "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
+            "x86_64+avx2+fma",
+            "aarch64+neon"
+        ))]
         fn $ln(
             n: usize,
             x: &[$t],
@@ -343,13 +347,21 @@ macro_rules! instantiate {
             layer_norm_rows(n, x, w, b, eps, out, mean, rstd)
         }
 
-        #[multiversion(targets("x86_64+avx2+fma", "x86_64+avx512f", "aarch64+neon"))]
+        #[multiversion(targets(
+            "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
+            "x86_64+avx2+fma",
+            "aarch64+neon"
+        ))]
         fn $rms(n: usize, x: &[$t], w: Option<&[$t]>, eps: f64, out: &mut [$t]) {
             rms_norm_rows(n, x, w, eps, out)
         }
 
         #[allow(clippy::too_many_arguments)]
-        #[multiversion(targets("x86_64+avx2+fma", "x86_64+avx512f", "aarch64+neon"))]
+        #[multiversion(targets(
+            "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
+            "x86_64+avx2+fma",
+            "aarch64+neon"
+        ))]
         fn $gn(
             g0: usize,
             groups: usize,

@@ -301,19 +301,31 @@ unsafe fn cols_tile<T: Elem>(
     }
 }
 
-#[multiversion(targets("x86_64+avx2+fma", "x86_64+avx512f", "aarch64+neon"))]
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
 fn rows_lastdim_f32(x: &[f32], out: &mut [f32], n: usize, log: bool) {
     rows_lastdim(x, out, n, log)
 }
 
-#[multiversion(targets("x86_64+avx2+fma", "x86_64+avx512f", "aarch64+neon"))]
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
 fn rows_lastdim_f64(x: &[f64], out: &mut [f64], n: usize, log: bool) {
     rows_lastdim(x, out, n, log)
 }
 
 /// # Safety
 /// As `cols_tile`.
-#[multiversion(targets("x86_64+avx2+fma", "x86_64+avx512f", "aarch64+neon"))]
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
 unsafe fn cols_tile_f32(
     x: &[f32],
     out: *mut f32,
@@ -328,7 +340,11 @@ unsafe fn cols_tile_f32(
 
 /// # Safety
 /// As `cols_tile`.
-#[multiversion(targets("x86_64+avx2+fma", "x86_64+avx512f", "aarch64+neon"))]
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
 unsafe fn cols_tile_f64(
     x: &[f64],
     out: *mut f64,
