@@ -158,7 +158,7 @@ fn worker_loop() {
         while pool.epoch.load(SeqCst) == seen {
             std::hint::spin_loop();
             spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 && start.elapsed() > SPIN {
+            if spins.is_multiple_of(1024) && start.elapsed() > SPIN {
                 let mut parked = pool.parked.lock().unwrap_or_else(|e| e.into_inner());
                 *parked += 1;
                 while pool.epoch.load(SeqCst) == seen {

@@ -6,8 +6,8 @@ import collections
 import json
 import threading
 import weakref
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
