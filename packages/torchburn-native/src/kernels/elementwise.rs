@@ -819,56 +819,46 @@ unsafe fn run_chunk<T: Arith>(
 
 type ChunkFn<T> = unsafe fn(&[usize], &[View], &[View], &[Step], &mut Regs<T>, usize, usize);
 
-#[multiversion(targets(
+/// The chunk interpreter compiled per ISA, one function per compute type. (The i64 one needs no FMA,
+/// so its targets are the same without it.)
+macro_rules! chunk_fn {
+    ($name:ident, $t:ty, $($target:literal),+) => {
+        #[multiversion(targets($($target),+))]
+        unsafe fn $name(
+            s: &[usize],
+            i: &[View],
+            o: &[View],
+            c: &[Step],
+            r: &mut Regs<$t>,
+            st: usize,
+            n: usize,
+        ) {
+            run_chunk::<$t>(s, i, o, c, r, st, n)
+        }
+    };
+}
+
+chunk_fn!(
+    chunk_f32,
+    f32,
     "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
     "x86_64+avx2+fma",
     "aarch64+neon"
-))]
-unsafe fn chunk_f32(
-    s: &[usize],
-    i: &[View],
-    o: &[View],
-    c: &[Step],
-    r: &mut Regs<f32>,
-    st: usize,
-    n: usize,
-) {
-    run_chunk::<f32>(s, i, o, c, r, st, n)
-}
-
-#[multiversion(targets(
+);
+chunk_fn!(
+    chunk_f64,
+    f64,
     "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
     "x86_64+avx2+fma",
     "aarch64+neon"
-))]
-unsafe fn chunk_f64(
-    s: &[usize],
-    i: &[View],
-    o: &[View],
-    c: &[Step],
-    r: &mut Regs<f64>,
-    st: usize,
-    n: usize,
-) {
-    run_chunk::<f64>(s, i, o, c, r, st, n)
-}
-
-#[multiversion(targets(
+);
+chunk_fn!(
+    chunk_i64,
+    i64,
     "x86_64+avx512f+avx512bw+avx512dq+avx512vl",
     "x86_64+avx2",
     "aarch64+neon"
-))]
-unsafe fn chunk_i64(
-    s: &[usize],
-    i: &[View],
-    o: &[View],
-    c: &[Step],
-    r: &mut Regs<i64>,
-    st: usize,
-    n: usize,
-) {
-    run_chunk::<i64>(s, i, o, c, r, st, n)
-}
+);
 
 /// # Safety
 /// As `run_chunk`.
@@ -952,23 +942,22 @@ fn unary_inplace<T: Arith>(f: UnaryFn, data: &mut [T]) {
     }
 }
 
-#[multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-    "x86_64+avx2+fma",
-    "aarch64+neon"
-))]
-fn unary_inplace_f32(f: UnaryFn, data: &mut [f32]) {
-    unary_inplace(f, data)
+/// In-place activation compiled per ISA, one function per float type.
+macro_rules! activate_fn {
+    ($name:ident, $t:ty) => {
+        #[multiversion(targets(
+            "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
+            "x86_64+avx2+fma",
+            "aarch64+neon"
+        ))]
+        fn $name(f: UnaryFn, data: &mut [$t]) {
+            unary_inplace(f, data)
+        }
+    };
 }
 
-#[multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-    "x86_64+avx2+fma",
-    "aarch64+neon"
-))]
-fn unary_inplace_f64(f: UnaryFn, data: &mut [f64]) {
-    unary_inplace(f, data)
-}
+activate_fn!(unary_inplace_f32, f32);
+activate_fn!(unary_inplace_f64, f64);
 
 /// A compute type with an ISA-dispatched in-place activation.
 pub trait Activate: Arith {
