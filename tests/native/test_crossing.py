@@ -132,3 +132,32 @@ def test_one_foreign_call_per_region(engine_name: str, compile_engine: Compile, 
     for i, out in enumerate(outs):
         torch.testing.assert_close(out, five_ops(x + i), rtol=1e-5, atol=1e-5)
     assert_engine_ran(5)
+
+
+def test_region_replans_when_strides_or_dtype_change_under_the_same_shape(engine_name: str) -> None:
+    """A region reuses its last plan only while every argument keeps size, stride and dtype: a
+    transposed or differently typed argument of the same shape must get its own plan, not be read
+    through the old one."""
+    if engine_name == "reference":
+        pytest.skip("native-only API")
+    from torchburn_native.program import CompiledRegion
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
+        return ((x * 2 + y).relu(),)
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(6, 6, generator=g), torch.randn(6, 6, generator=g)
+    region = CompiledRegion(make_fx(f)(x, y))  # an ATen graph, as the backend hands over
+    for a, b in [
+        (x, y),
+        (x, y),  # same layout: the cached plan
+        (x.t(), y),  # same shape and dtype, other strides
+        (x, y.t().contiguous().t()),
+        (x.double(), y.double()),  # same strides, other dtype
+        (x, y),  # back to the first layout
+    ]:
+        (got,) = region(a, b)
+        torch.testing.assert_close(got, f(a, b)[0], rtol=0, atol=0)
+    assert len(region._plans) == 4

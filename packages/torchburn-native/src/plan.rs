@@ -5,7 +5,9 @@
 
 use serde::Deserialize;
 
-use crate::kernels::elementwise::{Domain, EOp, UnaryFn};
+use std::sync::OnceLock;
+
+use crate::kernels::elementwise::{Domain, EOp, Prepared, UnaryFn};
 
 #[derive(Deserialize, Clone, Copy, PartialEq, Eq, Debug)]
 #[serde(rename_all = "lowercase")]
@@ -98,6 +100,9 @@ pub enum Instr {
         outputs: Vec<Operand>,
         code: Vec<EOp>,
         nregs: usize,
+        /// the code specialized to the operands' layouts, made on the first run
+        #[serde(skip)]
+        prepared: OnceLock<Prepared>,
     },
     /// `out[b] = alpha · a[b] @ b[b] + beta · bias` then an optional activation, for every batch b.
     /// Operands are 3-D `[batch, rows, cols]` with strides (batch stride 0 broadcasts).

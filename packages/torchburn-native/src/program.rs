@@ -578,10 +578,13 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
             outputs,
             code,
             nregs,
+            prepared,
         } => {
             let iv: Vec<View> = inputs.iter().map(|o| f.view(o)).collect();
             let ov: Vec<View> = outputs.iter().map(|o| f.view(o)).collect();
-            elementwise::run(*domain, shape, &iv, &ov, code, *nregs);
+            let prepared =
+                prepared.get_or_init(|| elementwise::prepare_for(*domain, code, *nregs, &iv, &ov));
+            elementwise::run_prepared(*domain, shape, &iv, &ov, prepared);
         }
         Instr::Matmul {
             a,

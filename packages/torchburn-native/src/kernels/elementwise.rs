@@ -8,6 +8,7 @@
 use crate::threads;
 use multiversion::multiversion;
 use serde::Deserialize;
+use std::cell::RefCell;
 
 use super::math;
 use super::strided::{for_runs, layout_of, load_run, store_run, Lane, Layout};
@@ -602,11 +603,30 @@ enum Hoisted {
 /// does. So: constants and scalar inputs move to registers of their own, filled once per task;
 /// contiguous inputs already of the compute type are read where they lie; and a result whose next
 /// use is the store into a contiguous output of the compute type is written there directly.
-struct Prepared {
+///
+/// It depends on the operands' dtypes and layouts only, so a program prepares each chain once.
+#[derive(Clone, Debug)]
+pub struct Prepared {
     steps: Vec<Step>,
     /// `(register, value)`, registers numbered from the code's `nregs` up
     hoisted: Vec<(usize, Hoisted)>,
     nregs: usize,
+}
+
+/// [`Prepared`] code for a chain computed in `domain` over these operands.
+pub fn prepare_for(
+    domain: Domain,
+    code: &[EOp],
+    nregs: usize,
+    inputs: &[View],
+    outputs: &[View],
+) -> Prepared {
+    let lane = match domain {
+        Domain::F32 => f32::STORAGE,
+        Domain::F64 => f64::STORAGE,
+        Domain::I64 => i64::STORAGE,
+    };
+    prepare(code, nregs, inputs, outputs, lane)
 }
 
 fn prepare(code: &[EOp], nregs: usize, inputs: &[View], outputs: &[View], lane: DType) -> Prepared {
@@ -729,9 +749,34 @@ fn read_later(steps: &[Step], r: usize) -> bool {
 
 /// A task's registers: `nregs` chunk buffers and, per register, where its current value lives (its
 /// buffer, or an input read in place).
-struct Regs<T> {
-    buf: Vec<T>,
+struct Regs<'a, T> {
+    buf: &'a mut [T],
     at: Vec<*const T>,
+}
+
+thread_local! {
+    /// Register buffers, kept per thread between runs: a fresh zeroed allocation per task costs more
+    /// than a small chain's whole arithmetic.
+    static SCRATCH: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Calls `f` with `len` elements of scratch (contents unspecified but initialized): this thread's
+/// buffer, or a fresh one if it is already lent out.
+fn with_scratch<T: Arith, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+    // T is f32, f64 or i64: 8-byte alignment suffices and every bit pattern is a valid value
+    debug_assert!(std::mem::align_of::<T>() <= 8);
+    let words = (len * std::mem::size_of::<T>()).div_ceil(8);
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut v) => {
+            if v.len() < words {
+                *v = vec![0u64; words];
+            }
+            // SAFETY: the buffer holds at least `len` T-sized, T-aligned, initialized elements
+            let buf = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut T, len) };
+            f(buf)
+        }
+        Err(_) => f(&mut vec![T::default(); len]),
+    })
 }
 
 /// # Safety
@@ -743,7 +788,7 @@ unsafe fn run_chunk<T: Arith>(
     inputs: &[View],
     outputs: &[View],
     steps: &[Step],
-    regs: &mut Regs<T>,
+    regs: &mut Regs<'_, T>,
     start: usize,
     len: usize,
 ) {
@@ -867,39 +912,39 @@ unsafe fn run_typed<T: Arith>(
     shape: &[usize],
     inputs: &[View],
     outputs: &[View],
-    code: &[EOp],
-    nregs: usize,
+    prepared: &Prepared,
 ) {
     let total: usize = shape.iter().product();
     if total == 0 {
         return;
     }
-    let prepared = prepare(code, nregs, inputs, outputs, T::STORAGE);
     let task = |lo: usize, hi: usize| {
         let n = prepared.nregs.max(1);
-        let mut regs = Regs {
-            buf: vec![T::default(); n * CHUNK],
-            at: vec![std::ptr::null(); n],
-        };
-        for &(r, h) in &prepared.hoisted {
-            let b = &mut regs.buf[r * CHUNK..(r + 1) * CHUNK];
-            match h {
-                Hoisted::Const { value, ivalue } => b.fill(T::constant(value, ivalue)),
-                Hoisted::Scalar { input } => {
-                    let v = &inputs[input];
-                    load_run(v.dtype, v.ptr, 0, 0, &mut b[..1]);
-                    let x = b[0];
-                    b.fill(x);
+        with_scratch::<T, _>(n * CHUNK, |buf| {
+            let mut regs = Regs {
+                buf,
+                at: vec![std::ptr::null(); n],
+            };
+            for &(r, h) in &prepared.hoisted {
+                let b = &mut regs.buf[r * CHUNK..(r + 1) * CHUNK];
+                match h {
+                    Hoisted::Const { value, ivalue } => b.fill(T::constant(value, ivalue)),
+                    Hoisted::Scalar { input } => {
+                        let v = &inputs[input];
+                        load_run(v.dtype, v.ptr, 0, 0, &mut b[..1]);
+                        let x = b[0];
+                        b.fill(x);
+                    }
                 }
+                regs.at[r] = b.as_ptr();
             }
-            regs.at[r] = b.as_ptr();
-        }
-        let mut s = lo;
-        while s < hi {
-            let n = CHUNK.min(hi - s);
-            f(shape, inputs, outputs, &prepared.steps, &mut regs, s, n);
-            s += n;
-        }
+            let mut s = lo;
+            while s < hi {
+                let n = CHUNK.min(hi - s);
+                f(shape, inputs, outputs, &prepared.steps, &mut regs, s, n);
+                s += n;
+            }
+        })
     };
     let threads = threads::current();
     if total <= SERIAL_LIMIT || threads == 1 {
@@ -925,10 +970,25 @@ pub unsafe fn run(
     code: &[EOp],
     nregs: usize,
 ) {
+    let prepared = prepare_for(domain, code, nregs, inputs, outputs);
+    run_prepared(domain, shape, inputs, outputs, &prepared)
+}
+
+/// Runs a fused chain prepared by [`prepare_for`] for operands of these dtypes and layouts.
+///
+/// # Safety
+/// As [`run`]; `prepared` came from the same code and operand layouts.
+pub unsafe fn run_prepared(
+    domain: Domain,
+    shape: &[usize],
+    inputs: &[View],
+    outputs: &[View],
+    prepared: &Prepared,
+) {
     match domain {
-        Domain::F32 => run_typed::<f32>(chunk_f32, shape, inputs, outputs, code, nregs),
-        Domain::F64 => run_typed::<f64>(chunk_f64, shape, inputs, outputs, code, nregs),
-        Domain::I64 => run_typed::<i64>(chunk_i64, shape, inputs, outputs, code, nregs),
+        Domain::F32 => run_typed::<f32>(chunk_f32, shape, inputs, outputs, prepared),
+        Domain::F64 => run_typed::<f64>(chunk_f64, shape, inputs, outputs, prepared),
+        Domain::I64 => run_typed::<i64>(chunk_i64, shape, inputs, outputs, prepared),
     }
 }
 

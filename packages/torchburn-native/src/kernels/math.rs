@@ -152,27 +152,33 @@ pub fn erf_f32(x: f32) -> f32 {
     }
 }
 
-/// erfc(|x|) to about 1.5e-7 absolute (Abramowitz & Stegun 7.1.26: five terms in t = 1 / (1 + p|x|)).
-/// Coarser than [`erfc_abs`] near the far tail, but half the work: GELU multiplies the tail by x / 2,
-/// so an absolute error is all it can show, and PyTorch's own vectorized GELU uses the same expansion.
+/// erf(z) for GELU as z·P(z²)/Q(z²) on |z| <= 4 (beyond, erf is ±1 in f32): a (6, 4) rational fitted
+/// by iteratively reweighted least squares to 6.5e-8 relative error in exact arithmetic, about 4e-7
+/// absolute in f32. Eleven FMAs and one division, no exp: GELU's `1 + erf` only shows absolute
+/// error, which this keeps under float32's resolution of the result.
 #[inline(always)]
-fn erfc_abs_fast(a: f32) -> f32 {
-    let t = 1.0 / 0.327_591_1_f32.mul_add(a, 1.0);
-    let p = 1.061_405_4_f32;
-    let p = p.mul_add(t, -1.453_152_1);
-    let p = p.mul_add(t, 1.421_413_8);
-    let p = p.mul_add(t, -0.284_496_74);
-    let p = p.mul_add(t, 0.254_829_6);
-    p * t * exp_f32(-a * a)
+fn erf_rational(z: f32) -> f32 {
+    let z = z.clamp(-4.0, 4.0);
+    let t = z * z;
+    let p = 1.911_311_7e-8_f32;
+    let p = p.mul_add(t, -1.942_338e-6);
+    let p = p.mul_add(t, 1.472_677_6e-4);
+    let p = p.mul_add(t, 3.989_622_5e-3);
+    let p = p.mul_add(t, 5.152_175e-2);
+    let p = p.mul_add(t, 2.071_018_5e-1);
+    let p = p.mul_add(t, std::f32::consts::FRAC_2_SQRT_PI);
+    let q = 1.020_896_4e-3_f32;
+    let q = q.mul_add(t, 1.495_608_3e-2);
+    let q = q.mul_add(t, 1.179_610_5e-1);
+    let q = q.mul_add(t, 5.168_705e-1);
+    let q = q.mul_add(t, 1.0);
+    z * p / q
 }
 
-/// GELU with the exact (erf) form: x/2 · erfc(-x/√2), evaluated without cancellation for x < 0.
-/// One tail serves both signs (erfc(-a) = 2 - erfc(a)).
+/// GELU with the exact (erf) form: x/2 · (1 + erf(x/√2)).
 #[inline(always)]
 pub fn gelu_f32(x: f32) -> f32 {
-    let z = x * std::f32::consts::FRAC_1_SQRT_2;
-    let tail = erfc_abs_fast(z.abs()); // erfc(|z|)
-    let c = if z < 0.0 { tail } else { 2.0 - tail };
+    let c = 1.0 + erf_rational(x * std::f32::consts::FRAC_1_SQRT_2);
     // PyTorch's vectorized kernel gives NaN at both infinities (its erf form multiplies inf by 0)
     if x.is_infinite() {
         f32::NAN

@@ -2,7 +2,8 @@
 //!
 //! Statistics come from one read of the data in memory: each row (or group) is walked in blocks of
 //! `BLOCK` elements that stay in L1, each block gets an exact two-pass mean and centred sum of
-//! squares (accumulated in `LANES` independent f32 lanes so it vectorizes), and blocks are merged
+//! squares (one pass around its first element when that loses no precision, else two around its
+//! mean; accumulated in `LANES` independent f32 lanes so it vectorizes), and blocks are merged
 //! in f64 with Chan's parallel update. That is as accurate as a two-pass over the whole row (no
 //! `E[x²] - E[x]²` cancellation when the mean is large) yet touches memory once; the output pass
 //! then re-reads a row that is still cache-resident for typical widths.
@@ -13,7 +14,7 @@
 //! in the input's dtype. An empty row gives mean 0 and rstd NaN (what PyTorch returns for a
 //! zero-width layer norm). NaN or ±inf in a row makes that row's statistics and outputs NaN.
 //!
-//! Work is split across rayon over rows (groups), on the calling thread when small.
+//! Work is split over the thread pool by rows (groups), on the calling thread when small.
 
 use crate::threads;
 use std::ops::{Add, Mul, Sub};
@@ -149,12 +150,7 @@ fn moments<T: Elem>(x: &[T]) -> (f64, f64) {
     let (mut count, mut mean, mut m2) = (0.0f64, 0.0f64, 0.0f64);
     for blk in x.chunks(BLOCK) {
         let nb = blk.len() as f64;
-        // block mean, then deviations from its rounded value, corrected by their (tiny) sum
-        let c = T::from_f64(lane_sum(blk).to_f64() / nb);
-        let (d1, d2) = lane_dev(blk, c);
-        let (d1, d2) = (d1.to_f64(), d2.to_f64());
-        let bmean = c.to_f64() + d1 / nb;
-        let bm2 = d2 - d1 * d1 / nb;
+        let (bmean, bm2) = block_moments(blk, nb);
         // Chan et al.'s merge of (count, mean, m2) with the block's
         let tot = count + nb;
         let delta = bmean - mean;
@@ -165,6 +161,33 @@ fn moments<T: Elem>(x: &[T]) -> (f64, f64) {
     let var = m2 / count;
     // rounding can leave a hair below zero; `max` would also swallow NaN, so compare instead
     (mean, if var < 0.0 { 0.0 } else { var })
+}
+
+/// A block's mean and centred sum of squares, `(mean, Σ (x - mean)²)`.
+///
+/// One pass first: sums of deviations `d = x - c` from `c`, the mean of the block's first `LANES`
+/// elements, give `m2 = Σd² - (Σd)²/n`. Its rounding error is about `eps · Σd²`, so it is trusted
+/// while `Σd² <= 2 · m2` (`c` within one standard deviation of the mean, as it is unless the row is
+/// ordered or patterned): at most twice the error of the two-pass result. Otherwise the block is
+/// redone in two passes around its own rounded mean. NaN or inf make both statistics NaN, as
+/// PyTorch's running update does.
+#[inline(always)]
+fn block_moments<T: Elem>(blk: &[T], nb: f64) -> (f64, f64) {
+    let head = &blk[..blk.len().min(LANES)];
+    let c = T::from_f64(lane_sum(head).to_f64() / head.len() as f64);
+    let (d1, d2) = lane_dev(blk, c);
+    let (d1, d2) = (d1.to_f64(), d2.to_f64());
+    let m2 = d2 - d1 * d1 / nb;
+    if m2.is_nan() {
+        return (f64::NAN, f64::NAN);
+    }
+    if d2 > 2.0 * m2 {
+        let c = T::from_f64(lane_sum(blk).to_f64() / nb);
+        let (d1, d2) = lane_dev(blk, c);
+        let (d1, d2) = (d1.to_f64(), d2.to_f64());
+        return (c.to_f64() + d1 / nb, d2 - d1 * d1 / nb);
+    }
+    (c.to_f64() + d1 / nb, m2)
 }
 
 /// Mean of `x²` in f64 (NaN when `x` is empty).
@@ -790,6 +813,38 @@ mod tests {
                 (g - w).abs() <= tol * (1.0 + w.abs()),
                 "{what} at {i}: {g} vs {w}"
             );
+        }
+    }
+
+    #[test]
+    fn layer_norm_of_rows_with_an_unrepresentative_head() {
+        // a sorted ramp and a row whose first elements are outliers: the one-pass shift (the head's
+        // mean) sits far from the row's mean, so the block must take the two-pass route
+        let n = 3000;
+        let ramp: Vec<f64> = (0..n).map(|i| 1000.0 + i as f64 * 0.37).collect();
+        let spike: Vec<f64> = (0..n)
+            .map(|i| if i < 40 { 5e4 } else { (i % 7) as f64 })
+            .collect();
+        for row in [ramp, spike] {
+            let x32 = f32s(&row);
+            let x = f64s(&x32);
+            let mut out = vec![0f32; n];
+            let (mut mean, mut rstd) = ([0f32; 1], [0f32; 1]);
+            layer_norm_f32(
+                1,
+                n,
+                &x32,
+                None,
+                None,
+                1e-5,
+                &mut out,
+                Some(&mut mean),
+                Some(&mut rstd),
+            );
+            let [ro, rm, rr] = ln_ref(1, n, &x, None, None, 1e-5);
+            close("ordered row out", &f64s(&out), &ro, 2e-6);
+            close("ordered row mean", &f64s(&mean), &rm, 1e-6);
+            close("ordered row rstd", &f64s(&rstd), &rr, 1e-6);
         }
     }
 
