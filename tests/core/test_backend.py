@@ -105,3 +105,41 @@ def test_non_contiguous_input_is_refused_by_contiguous_only_engine() -> None:
     fast = torch.compile(lambda t: t + t, backend="torchburn", options={"engine": "tiny", "fallback": "silent"})
     torch.testing.assert_close(fast(x), x + x)
     assert torchburn.coverage()["tiny"]["aten.add.Tensor"] == {"engine": 0, "fallback": 1}
+
+
+def _aten(fn: object, *args: torch.Tensor) -> torch.fx.GraphModule:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(fn)(*args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("fn", "direct"),
+    [
+        (lambda x, y: ((x * y).relu(),), True),  # one region, one output
+        (lambda x, y: ((x + y).relu(), x * y), True),  # one region, two outputs
+        (lambda x, y: ((x + y), x), False),  # an input returned as is
+        (lambda x, y: ((x * 2).exp(), y + 1), False),  # exp falls back: several pieces
+    ],
+    ids=["one_output", "two_outputs", "passthrough", "fallback"],
+)
+def test_whole_graph_region_skips_the_graph_forward_only_when_it_is_the_whole_graph(fn: object, direct: bool) -> None:
+    from torchburn.engines.discovery import resolve_engine
+    from torchburn.options import parse_options
+    from torchburn.partition import partition_and_compile, whole_graph_program
+
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    fused = partition_and_compile(
+        _aten(fn, x, y), resolve_engine("tiny"), parse_options({"engine": "tiny", "fallback": "silent"})
+    )
+    program = whole_graph_program(fused)
+    assert (program is not None) is direct
+    want = fn(x, y)  # type: ignore[operator]
+    got = program(x, y) if program is not None else fused(x, y)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    # and through torch.compile, which takes the direct path when there is one
+    fast = torch.compile(fn, backend="torchburn", options={"engine": "tiny", "fallback": "silent"})
+    for g, w in zip(fast(x, y), want, strict=True):
+        torch.testing.assert_close(g, w)

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::intern;
+use pyo3::types::{PyDict, PyTuple};
 
 use crate::program::Program as Inner;
 
@@ -41,6 +42,22 @@ impl Program {
     }
 
     fn run(&self, py: Python<'_>, inputs: Vec<usize>, outputs: Vec<usize>) -> PyResult<()> {
+        self.run_ptrs(py, inputs, outputs)
+    }
+
+    #[getter]
+    fn n_inputs(&self) -> usize {
+        self.inner.n_inputs()
+    }
+
+    #[getter]
+    fn n_outputs(&self) -> usize {
+        self.inner.n_outputs()
+    }
+}
+
+impl Program {
+    fn run_ptrs(&self, py: Python<'_>, inputs: Vec<usize>, outputs: Vec<usize>) -> PyResult<()> {
         RUNS.fetch_add(1, Ordering::Relaxed);
         LAST_CALL.with(|c| {
             let mut c = c.borrow_mut();
@@ -52,15 +69,83 @@ impl Program {
         py.detach(|| unsafe { self.inner.run(&inputs, &outputs) })
             .map_err(to_py_err)
     }
+}
 
-    #[getter]
-    fn n_inputs(&self) -> usize {
-        self.inner.n_inputs()
+/// `(size, stride, dtype)` of a tensor, as Python objects ready to pass to torch's C++ helpers.
+type Layout = (Py<PyAny>, Py<PyAny>, Py<PyAny>);
+
+/// The per-call path of a region planned for one all-tensor signature, in one foreign call: each
+/// argument's dtype (by identity) and size and stride (torch's own `assert_size_stride`) are checked
+/// against the plan's, outputs are allocated with the planned layouts, and the program runs. Returns
+/// None, having run nothing, when an argument does not match: the caller then plans for it.
+#[pyclass(frozen, module = "torchburn_native._native")]
+struct FastCall {
+    program: Py<Program>,
+    args: Vec<Layout>,
+    outs: Vec<Layout>,
+    /// data pointers appended after the arguments' (the graph's constant tensors)
+    extra: Vec<usize>,
+    /// what owns the memory `extra` points into
+    _keep: Py<PyAny>,
+    assert_size_stride: Py<PyAny>,
+    empty_strided: Py<PyAny>,
+}
+
+#[pymethods]
+impl FastCall {
+    #[new]
+    fn new(
+        program: Py<Program>,
+        args: Vec<Layout>,
+        outs: Vec<Layout>,
+        extra: Vec<usize>,
+        keep: Py<PyAny>,
+        assert_size_stride: Py<PyAny>,
+        empty_strided: Py<PyAny>,
+    ) -> Self {
+        FastCall {
+            program,
+            args,
+            outs,
+            extra,
+            _keep: keep,
+            assert_size_stride,
+            empty_strided,
+        }
     }
 
-    #[getter]
-    fn n_outputs(&self) -> usize {
-        self.inner.n_outputs()
+    #[pyo3(signature = (*args))]
+    fn __call__<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        if args.len() != self.args.len() {
+            return Ok(None);
+        }
+        let check = self.assert_size_stride.bind(py);
+        let mut ins = Vec::with_capacity(self.args.len() + self.extra.len());
+        for (a, (size, stride, dtype)) in args.iter().zip(&self.args) {
+            match a.getattr(intern!(py, "dtype")) {
+                Ok(d) if d.is(dtype.bind(py)) => {}
+                _ => return Ok(None),
+            }
+            if check.call1((&a, size.bind(py), stride.bind(py))).is_err() {
+                return Ok(None);
+            }
+            ins.push(a.call_method0(intern!(py, "data_ptr"))?.extract::<usize>()?);
+        }
+        ins.extend_from_slice(&self.extra);
+        let empty = self.empty_strided.bind(py);
+        let mut outs = Vec::with_capacity(self.outs.len());
+        let mut out_ptrs = Vec::with_capacity(self.outs.len());
+        for (size, stride, dtype) in &self.outs {
+            let t = empty.call1((size.bind(py), stride.bind(py), dtype.bind(py)))?;
+            out_ptrs.push(t.call_method0(intern!(py, "data_ptr"))?.extract::<usize>()?);
+            outs.push(t);
+        }
+        self.program.get().run_ptrs(py, ins, out_ptrs)?;
+        Ok(Some(PyTuple::new(py, outs)?))
     }
 }
 
@@ -120,6 +205,7 @@ fn debug_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Program>()?;
+    m.add_class::<FastCall>()?;
     m.add_function(wrap_pyfunction!(init_threads, m)?)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(share_openmp, m)?)?;

@@ -16,7 +16,7 @@ from .engines.discovery import resolve_engine
 from .errors import OptionsError
 from .lowering import lower
 from .options import parse_options
-from .partition import partition_and_compile
+from .partition import partition_and_compile, whole_graph_program
 
 
 def torchburn_backend(
@@ -36,6 +36,14 @@ def torchburn_backend(
 
     def compile_graph(aten_gm: torch.fx.GraphModule, inputs: list[Any], phase: str) -> Callable[..., Any]:
         compiled = partition_and_compile(aten_gm, engine, opts)
+        program = whole_graph_program(compiled)
+        if program is not None:
+
+            def run_program(args: list[Any]) -> Any:
+                return program(*args)
+
+            run_program._boxed_call = True  # type: ignore[attr-defined]
+            return run_program
         if isinstance(compiled, _LazyGraphModule):
             # generate the code now: a lazy module's forward would re-enter nn.Module.__call__ on every call
             compiled.real_recompile()

@@ -103,7 +103,7 @@ def _region_of(sub: torch.fx.GraphModule, options: CompileOptions) -> tuple[Regi
     return Region(sub, inputs, outputs, options), single
 
 
-def _caller(program: Program, single: bool, index: int) -> Callable[..., Any]:
+def _caller(program: Program, single: bool, n_outputs: int, index: int) -> Callable[..., Any]:
     if single:
 
         def run_one(*args: Any) -> Any:
@@ -117,7 +117,33 @@ def _caller(program: Program, single: bool, index: int) -> Callable[..., Any]:
 
         run = run_many
     run.__name__ = run.__qualname__ = f"{REGION_PREFIX}{index}"
+    # for whole_graph_program
+    run.torchburn_program = program  # type: ignore[attr-defined]
+    run.torchburn_outputs = None if single else n_outputs  # type: ignore[attr-defined]
     return run
+
+
+def whole_graph_program(fused: torch.fx.GraphModule) -> Program | None:
+    """The engine program when ``fused`` is nothing but one region taking the graph's inputs in order
+    and returning its outputs in order: then the graph's own forward is a layer of calls to skip."""
+    nodes = list(fused.graph.nodes)
+    if any(n.op not in ("placeholder", "call_function", "output") for n in nodes):
+        return None
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    calls = [n for n in nodes if n.op == "call_function"]
+    if not calls:
+        return None
+    region = calls[0]
+    program: Program | None = getattr(region.target, "torchburn_program", None)
+    if program is None or list(region.args) != placeholders or region.kwargs:
+        return None
+    results = list(fused.graph.output_node().args[0])  # type: ignore[arg-type]
+    if region.target.torchburn_outputs is None:  # type: ignore[union-attr]  # a single-output region
+        return program if calls == [region] and results == [region] else None
+    getitems = calls[1:]
+    in_order = all(n.target is operator.getitem and n.args == (region, i) for i, n in enumerate(getitems))
+    whole = len(getitems) == region.target.torchburn_outputs and results == getitems  # type: ignore[union-attr]
+    return program if in_order and whole else None
 
 
 def partition_and_compile(gm: torch.fx.GraphModule, engine: Engine, options: CompileOptions) -> torch.fx.GraphModule:
@@ -147,7 +173,9 @@ def partition_and_compile(gm: torch.fx.GraphModule, engine: Engine, options: Com
         region, single = _region_of(sub, options)
         program = program_for(engine, region, options)
         with fused.graph.inserting_before(node):
-            call = fused.graph.call_function(_caller(program, single, index), tuple(node.args), dict(node.kwargs))
+            call = fused.graph.call_function(
+                _caller(program, single, len(region.outputs), index), tuple(node.args), dict(node.kwargs)
+            )
         call.meta = dict(node.meta)
         node.replace_all_uses_with(call)
         fused.graph.erase_node(node)

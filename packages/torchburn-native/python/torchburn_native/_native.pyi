@@ -1,5 +1,8 @@
 """Type stub of the compiled module ``torchburn_native._native``."""
 
+from collections.abc import Callable
+from typing import Any
+
 __version__: str
 
 class Program:
@@ -11,6 +14,22 @@ class Program:
     def n_inputs(self) -> int: ...
     @property
     def n_outputs(self) -> int: ...
+
+class FastCall:
+    """A region's per-call path for one all-tensor signature: checks, allocates outputs and runs in one
+    call; returns None (running nothing) when an argument's dtype, size or stride differs."""
+
+    def __init__(
+        self,
+        program: Program,
+        args: list[tuple[tuple[int, ...], tuple[int, ...], Any]],
+        outs: list[tuple[tuple[int, ...], tuple[int, ...], Any]],
+        extra: list[int],
+        keep: object,
+        assert_size_stride: Callable[..., None],
+        empty_strided: Callable[..., Any],
+    ) -> None: ...
+    def __call__(self, *args: Any) -> tuple[Any, ...] | None: ...
 
 def init_threads(n: int) -> int: ...
 def num_threads() -> int: ...

@@ -6,7 +6,7 @@ import collections
 import json
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ except ImportError:  # pragma: no cover - older or trimmed torch builds
         if t.shape != size or t.stride() != stride:
             raise AssertionError(f"expected size {size} and stride {stride}, got {tuple(t.shape)}, {t.stride()}")
 
+
 from . import _native
 from .planner import DerivedInput, PlannedProgram, Planner
 
@@ -33,6 +34,9 @@ def signature(args: Sequence[Any]) -> tuple[Any, ...]:
     """What a plan depends on: every tensor's shape, strides and dtype; every int's value."""
     return tuple([(a.shape, a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in args])
 
+
+# later calls' path for the last plan's argument layouts: outputs, or None when the arguments differ
+FastPath = Callable[..., "tuple[torch.Tensor, ...] | None"]
 
 _RECENT: collections.deque[CompiledRegion] = collections.deque(maxlen=64)
 
@@ -50,7 +54,7 @@ class CompiledRegion:
         self._plans: dict[tuple[Any, ...], tuple[_native.Program, PlannedProgram]] = {}
         self._lock = threading.Lock()
         # the last plan of an all-tensor signature, checked per call by size/stride/dtype alone
-        self._fast: _FastPath | None = None
+        self._fast: FastPath | None = None
         # per planned program, per derived input: (source tensor, its data pointer, its version, the copy)
         self._derived: dict[int, list[_DerivedEntry | None]] = {}
         _RECENT.append(self)
@@ -87,11 +91,40 @@ class CompiledRegion:
 
     def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
         fast = self._fast
-        if fast is not None and fast.matches(args):
-            program, planned = fast.program, fast.planned
-        else:
-            program, planned = self.prepare(args)
-            self._fast = _FastPath.of(program, planned, args)
+        if fast is not None:
+            outs = fast(*args)
+            if outs is not None:
+                return outs
+        program, planned = self.prepare(args)
+        self._fast = self._fast_path(program, planned, args)
+        return self._run(program, planned, args)
+
+    def _fast_path(self, program: _native.Program, planned: PlannedProgram, args: Sequence[Any]) -> FastPath | None:
+        """The per-call path for later calls with these arguments' layouts: all in Rust when the plan
+        reads no derived copies, else a Python check in front of :meth:`_run`."""
+        if not all(isinstance(a, torch.Tensor) for a in args):
+            return None  # symbolic sizes arrive as ints: the general path keys on their values
+        specs = [(tuple(a.shape), tuple(a.stride()), a.dtype) for a in args]
+        if not planned.derived:
+            outs = [(s.shape, s.strides, s.dtype) for s in planned.out_specs]
+            extra = [c.data_ptr() for c in planned.constants]
+            return _native.FastCall(program, specs, outs, extra, planned.constants, _assert_size_stride, _empty_strided)
+
+        def checked(*call_args: Any) -> tuple[torch.Tensor, ...] | None:
+            if len(call_args) != len(specs):
+                return None
+            try:
+                for a, (size, stride, dtype) in zip(call_args, specs, strict=True):
+                    if a.dtype is not dtype:
+                        return None
+                    _assert_size_stride(a, size, stride)
+            except (AssertionError, AttributeError, TypeError):
+                return None
+            return self._run(program, planned, call_args)
+
+        return checked
+
+    def _run(self, program: _native.Program, planned: PlannedProgram, args: Sequence[Any]) -> tuple[torch.Tensor, ...]:
         outs = tuple([_empty_strided(s.shape, s.strides, s.dtype) for s in planned.out_specs])
         ins = [a.data_ptr() for a in args if isinstance(a, torch.Tensor)]
         if planned.constants:
@@ -124,35 +157,6 @@ class CompiledRegion:
                 cache[i] = entry
             copies.append(entry.copy)
         return copies
-
-
-@dataclass(frozen=True)
-class _FastPath:
-    """A plan for all-tensor arguments, reused while each argument keeps its size, stride and dtype:
-    the same facts ``signature`` keys plans by, checked in C++ instead of hashed in Python."""
-
-    program: _native.Program
-    planned: PlannedProgram
-    specs: tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype], ...]
-
-    @staticmethod
-    def of(program: _native.Program, planned: PlannedProgram, args: Sequence[Any]) -> _FastPath | None:
-        if not all(isinstance(a, torch.Tensor) for a in args):
-            return None  # symbolic sizes arrive as ints: the general path keys on their values
-        specs = tuple((tuple(a.shape), tuple(a.stride()), a.dtype) for a in args)
-        return _FastPath(program, planned, specs)
-
-    def matches(self, args: Sequence[Any]) -> bool:
-        if len(args) != len(self.specs):
-            return False
-        try:
-            for a, (size, stride, dtype) in zip(args, self.specs, strict=True):
-                if a.dtype is not dtype:
-                    return False
-                _assert_size_stride(a, size, stride)
-        except (AssertionError, AttributeError, TypeError):
-            return False
-        return True
 
 
 @dataclass(frozen=True)
