@@ -13,21 +13,29 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-try:  # the C++ helpers inductor's generated code calls: a third of the cost of their Python forms
-    from torch._C._dynamo.guards import _empty_strided_cpu as _empty_strided
-    from torch._C._dynamo.guards import assert_size_stride as _assert_size_stride
-except ImportError:  # pragma: no cover - older or trimmed torch builds
-
-    def _empty_strided(size: Any, stride: Any, dtype: torch.dtype) -> torch.Tensor:
-        return torch.empty_strided(size, stride, dtype=dtype)
-
-    def _assert_size_stride(t: torch.Tensor, size: Any, stride: Any) -> None:
-        if t.shape != size or t.stride() != stride:
-            raise AssertionError(f"expected size {size} and stride {stride}, got {tuple(t.shape)}, {t.stride()}")
-
-
 from . import _native
 from .planner import DerivedInput, PlannedProgram, Planner
+
+
+def _python_empty_strided(size: Any, stride: Any, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty_strided(size, stride, dtype=dtype)
+
+
+def _python_assert_size_stride(t: torch.Tensor, size: Any, stride: Any) -> None:
+    if tuple(t.shape) != tuple(size) or t.stride() != tuple(stride):
+        raise AssertionError(f"expected size {size} and stride {stride}, got {tuple(t.shape)}, {t.stride()}")
+
+
+def _guards_helper(name: str, fallback: Callable[..., Any]) -> Callable[..., Any]:
+    """One of the C++ helpers inductor's generated code calls (a third of the cost of their Python
+    forms), or the Python form where this torch build lacks it."""
+    guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
+    helper = getattr(guards, name, None)
+    return helper if callable(helper) else fallback
+
+
+_empty_strided = _guards_helper("_empty_strided_cpu", _python_empty_strided)
+_assert_size_stride = _guards_helper("assert_size_stride", _python_assert_size_stride)
 
 
 def signature(args: Sequence[Any]) -> tuple[Any, ...]:
