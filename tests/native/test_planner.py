@@ -43,6 +43,23 @@ def test_bias_and_activation_fused_into_gemm(act, name) -> None:  # type: ignore
     assert plan["activations"] == [name]
 
 
+@pytest.mark.parametrize("bias_shape", [(160,), (1, 160), (130, 1), (130, 160)], ids=["row", "row2d", "column", "full"])
+@pytest.mark.parametrize("size", ["small", "parallel"])
+def test_gemm_bias_of_every_broadcast_with_beta_alpha_and_relu(bias_shape: tuple[int, ...], size: str) -> None:
+    """The bias is written per block of the output just before the block's product (and the
+    activation applied just after): every broadcast of it must land on the right elements, on the
+    serial path and when the product is split over threads."""
+    k = 8 if size == "small" else 200
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(130, k, generator=g), torch.randn(k, 160, generator=g)
+    bias = torch.randn(bias_shape, generator=g)
+    plan = _compile_and_check(
+        lambda x, y, c: torch.addmm(c, x, y, beta=0.5, alpha=2.0).relu(), a, b, bias, rtol=1e-4, atol=1e-4
+    )
+    assert plan["instructions"] == ["matmul"]
+    assert plan["activations"] == ["relu"]
+
+
 def test_memory_plan_reuses_intermediate_buffers() -> None:
     w = [torch.randn(128, 128) / 10 for _ in range(6)]
 

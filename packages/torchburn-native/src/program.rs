@@ -6,10 +6,11 @@
 //! model can run from several threads at once.
 
 use crate::threads;
+use std::ops::Range;
 use std::sync::Mutex;
 
-use crate::kernels::elementwise::{self, apply_unary_inplace, BinaryFn, Domain, EOp, View};
-use crate::kernels::gemm::{gemm, GemmScalar, Mat, MatMut};
+use crate::kernels::elementwise::{self, UnaryFn, View};
+use crate::kernels::gemm::{gemm_hooked, BlockFn, BlockHooks, GemmScalar, Mat, MatMut};
 use crate::kernels::{attention, conv, index, norm, pool, reduce, softmax};
 use crate::plan::{Buf, DType, Instr, Operand, Plan};
 
@@ -515,19 +516,67 @@ impl Program {
     }
 }
 
-unsafe fn matmul<T: GemmScalar + elementwise::Arith>(
+/// `out[b] = alpha · a[b] @ b[b] (+ beta · bias) then act`, for every batch b. The bias is written
+/// into each block of `out` just before the block's product accumulates onto it, and the activation
+/// applied just after, by the thread that computes the block (see [`BlockHooks`]).
+#[allow(clippy::too_many_arguments)]
+unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
     f: &Frame<'_>,
     a: &Operand,
     b: &Operand,
     out: &Operand,
-    has_bias: bool,
+    bias: Option<&Operand>,
     alpha: T,
+    beta: T,
+    act: Option<UnaryFn>,
 ) {
     let (batch, m, k, n) = (out.shape[0], a.shape[1], a.shape[2], out.shape[2]);
     let (pa, pb, pc) = (f.ptr(a) as usize, f.ptr(b) as usize, f.ptr(out) as usize);
+    let (os, bias_at) = (&out.strides, bias.map(|o| (f.ptr(o) as usize, &o.strides)));
     let one = |bi: usize, parallel: bool| {
         let bi = bi as isize;
-        gemm::<T>(
+        let c_at = |i: usize, j: usize| {
+            (pc as *mut T).offset(bi * os[0] + i as isize * os[1] + j as isize * os[2])
+        };
+        let fill_bias = |rows: Range<usize>, cols: Range<usize>| {
+            let Some((pbias, bs)) = bias_at else { return };
+            let src_at = |i: usize, j: usize| {
+                (pbias as *const T).offset(bi * bs[0] + i as isize * bs[1] + j as isize * bs[2])
+            };
+            for i in rows {
+                if os[2] != 1 || bs[2] > 1 {
+                    for j in cols.clone() {
+                        *c_at(i, j) = beta * *src_at(i, j);
+                    }
+                    continue;
+                }
+                // contiguous output rows; the bias row is contiguous (Linear) or one value (per row)
+                let dst = std::slice::from_raw_parts_mut(c_at(i, cols.start), cols.len());
+                if bs[2] == 0 {
+                    dst.fill(beta * *src_at(i, cols.start));
+                } else {
+                    let src = std::slice::from_raw_parts(src_at(i, cols.start), cols.len());
+                    for (d, &v) in dst.iter_mut().zip(src) {
+                        *d = beta * v;
+                    }
+                }
+            }
+        };
+        let activate = |rows: Range<usize>, cols: Range<usize>| {
+            let Some(act) = act else { return };
+            // the output is contiguous (checked by the caller): each row's columns are one slice
+            for i in rows {
+                T::activate(
+                    act,
+                    std::slice::from_raw_parts_mut(c_at(i, cols.start), cols.len()),
+                );
+            }
+        };
+        let hooks = BlockHooks {
+            before: bias.is_some().then_some(&fill_bias as BlockFn<'_>),
+            after: act.is_some().then_some(&activate as BlockFn<'_>),
+        };
+        gemm_hooked::<T>(
             m,
             n,
             k,
@@ -542,13 +591,14 @@ unsafe fn matmul<T: GemmScalar + elementwise::Arith>(
                 cs: b.strides[2],
             },
             MatMut {
-                ptr: (pc as *mut T).offset(bi * out.strides[0]),
-                rs: out.strides[1],
-                cs: out.strides[2],
+                ptr: c_at(0, 0),
+                rs: os[1],
+                cs: os[2],
             },
-            has_bias,
+            bias.is_some(),
             alpha,
             parallel,
+            hooks,
         )
     };
     // many small products: one per thread; few large ones: let gemm split each
@@ -595,49 +645,13 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
             beta,
             act,
         } => {
-            if let Some(bias) = bias {
-                // out = beta · bias (broadcast), then gemm accumulates into it: the bias add costs no pass
-                let domain = if out.dtype == DType::F64 {
-                    Domain::F64
-                } else {
-                    Domain::F32
-                };
-                let code = [
-                    EOp::Load { d: 0, input: 0 },
-                    EOp::Const {
-                        d: 1,
-                        value: *beta,
-                        ivalue: 0,
-                    },
-                    EOp::Binary {
-                        d: 2,
-                        f: BinaryFn::Mul,
-                        a: 0,
-                        b: 1,
-                    },
-                    EOp::Store { a: 2, output: 0 },
-                ];
-                elementwise::run(
-                    domain,
-                    &out.shape,
-                    &[f.view(bias)],
-                    &[f.view(out)],
-                    &code,
-                    3,
-                );
+            if act.is_some() && !out.is_contiguous() {
+                return Err("matmul epilogue needs a contiguous output".into());
             }
+            let bias = bias.as_ref();
             match out.dtype {
-                DType::F64 => matmul::<f64>(f, a, b, out, bias.is_some(), *alpha),
-                _ => matmul::<f32>(f, a, b, out, bias.is_some(), *alpha as f32),
-            }
-            if let Some(act) = act {
-                if !out.is_contiguous() {
-                    return Err("matmul epilogue needs a contiguous output".into());
-                }
-                match out.dtype {
-                    DType::F64 => apply_unary_inplace::<f64>(*act, f.slice_mut(out)),
-                    _ => apply_unary_inplace::<f32>(*act, f.slice_mut(out)),
-                }
+                DType::F64 => matmul::<f64>(f, a, b, out, bias, *alpha, *beta, *act),
+                _ => matmul::<f32>(f, a, b, out, bias, *alpha as f32, *beta as f32, *act),
             }
         }
         Instr::Reduce {

@@ -4,8 +4,8 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyValueError};
-use pyo3::prelude::*;
 use pyo3::intern;
+use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use crate::program::Program as Inner;
@@ -133,7 +133,10 @@ impl FastCall {
             if check.call1((&a, size.bind(py), stride.bind(py))).is_err() {
                 return Ok(None);
             }
-            ins.push(a.call_method0(intern!(py, "data_ptr"))?.extract::<usize>()?);
+            ins.push(
+                a.call_method0(intern!(py, "data_ptr"))?
+                    .extract::<usize>()?,
+            );
         }
         ins.extend_from_slice(&self.extra);
         let empty = self.empty_strided.bind(py);
@@ -141,7 +144,10 @@ impl FastCall {
         let mut out_ptrs = Vec::with_capacity(self.outs.len());
         for (size, stride, dtype) in &self.outs {
             let t = empty.call1((size.bind(py), stride.bind(py), dtype.bind(py)))?;
-            out_ptrs.push(t.call_method0(intern!(py, "data_ptr"))?.extract::<usize>()?);
+            out_ptrs.push(
+                t.call_method0(intern!(py, "data_ptr"))?
+                    .extract::<usize>()?,
+            );
             outs.push(t);
         }
         self.program.get().run_ptrs(py, ins, out_ptrs)?;

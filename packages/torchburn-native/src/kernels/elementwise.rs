@@ -1036,15 +1036,6 @@ impl Activate for f64 {
     }
 }
 
-/// Applies an activation in place to a contiguous f32/f64 buffer (GEMM epilogues).
-pub fn apply_unary_inplace<T: Activate>(f: UnaryFn, data: &mut [T]) {
-    if data.len() <= SERIAL_LIMIT {
-        T::activate(f, data);
-    } else {
-        threads::par_chunks_mut(data, CHUNK * 16, |_, c| T::activate(f, c));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,8 @@
 //! Matrix multiply on the `gemm` crate (packed, cache-blocked, runtime-dispatched AVX2/AVX-512/NEON
 //! micro-kernels), with strides in elements so transposed and sliced operands need no copy.
 
+use std::ops::Range;
+
 use gemm::Parallelism;
 
 /// Below this many multiply-adds a GEMM runs on the calling thread: waking the pool costs more.
@@ -35,7 +37,7 @@ impl<T> Clone for MatMut<T> {
 }
 impl<T> Copy for MatMut<T> {}
 
-pub trait GemmScalar: Copy + Send + Sync + 'static {
+pub trait GemmScalar: Copy + Send + Sync + std::ops::Mul<Output = Self> + 'static {
     const ZERO: Self;
     const ONE: Self;
 }
@@ -48,6 +50,18 @@ impl GemmScalar for f32 {
 impl GemmScalar for f64 {
     const ZERO: Self = 0.0;
     const ONE: Self = 1.0;
+}
+
+/// A hook on a block of C, given the block's rows and columns.
+pub type BlockFn<'a> = &'a (dyn Fn(Range<usize>, Range<usize>) + Sync);
+
+/// Work on each block of C right before and after the block's product, on the thread that computes
+/// it and while the block is in its cache: filling in the bias the product accumulates onto, and
+/// applying an activation. Without them each is a pass of its own over all of C.
+#[derive(Clone, Copy, Default)]
+pub struct BlockHooks<'a> {
+    pub before: Option<BlockFn<'a>>,
+    pub after: Option<BlockFn<'a>>,
 }
 
 /// `C = (accumulate ? C : 0) + alpha · A·B` for `A: m×k`, `B: k×n`, `C: m×n`.
@@ -66,17 +80,59 @@ pub unsafe fn gemm<T: GemmScalar>(
     alpha: T,
     allow_parallel: bool,
 ) {
+    gemm_hooked(
+        m,
+        n,
+        k,
+        a,
+        b,
+        c,
+        accumulate,
+        alpha,
+        allow_parallel,
+        BlockHooks::default(),
+    )
+}
+
+/// [`gemm`] with `hooks` run around the product of every block of C.
+///
+/// # Safety
+/// As [`gemm`]; the hooks may touch only the block of C they are given.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_hooked<T: GemmScalar>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat<T>,
+    b: Mat<T>,
+    c: MatMut<T>,
+    accumulate: bool,
+    alpha: T,
+    allow_parallel: bool,
+    hooks: BlockHooks<'_>,
+) {
     if m == 0 || n == 0 {
         return;
     }
+    let block = |rows: Range<usize>, cols: Range<usize>, product: &dyn Fn()| {
+        if let Some(before) = hooks.before {
+            before(rows.clone(), cols.clone());
+        }
+        product();
+        if let Some(after) = hooks.after {
+            after(rows, cols);
+        }
+    };
     if k == 0 {
-        if !accumulate {
-            for i in 0..m as isize {
-                for j in 0..n as isize {
-                    *c.ptr.offset(i * c.rs + j * c.cs) = T::ZERO;
+        block(0..m, 0..n, &|| {
+            if !accumulate {
+                for i in 0..m as isize {
+                    for j in 0..n as isize {
+                        *c.ptr.offset(i * c.rs + j * c.cs) = T::ZERO;
+                    }
                 }
             }
-        }
+        });
         return;
     }
     let threads = crate::threads::current();
@@ -99,26 +155,34 @@ pub unsafe fn gemm<T: GemmScalar>(
                     ptr: a.ptr.offset(lo * a.rs),
                     ..a
                 };
-                let c = MatMut {
+                let cb = MatMut {
                     ptr: c.ptr.offset(lo * c.rs),
                     ..c
                 };
-                gemm_serial(len, n, k, a, b, c, accumulate, alpha)
+                let rows = lo as usize..lo as usize + len;
+                block(rows, 0..n, &|| {
+                    gemm_serial(len, n, k, a, b, cb, accumulate, alpha)
+                })
             } else {
                 let b = Mat {
                     ptr: b.ptr.offset(lo * b.cs),
                     ..b
                 };
-                let c = MatMut {
+                let cb = MatMut {
                     ptr: c.ptr.offset(lo * c.cs),
                     ..c
                 };
-                gemm_serial(m, len, k, a, b, c, accumulate, alpha)
+                let cols = lo as usize..lo as usize + len;
+                block(0..m, cols, &|| {
+                    gemm_serial(m, len, k, a, b, cb, accumulate, alpha)
+                })
             }
         });
         return;
     }
-    gemm_serial(m, n, k, a, b, c, accumulate, alpha)
+    block(0..m, 0..n, &|| {
+        gemm_serial(m, n, k, a, b, c, accumulate, alpha)
+    })
 }
 
 /// The operands of one GEMM, handed to the tasks that compute disjoint blocks of C.
