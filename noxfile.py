@@ -21,6 +21,7 @@ TORCH = "torch>=2.5"
 PACKAGES = ["./packages/torchburn-core", "./packages/torchburn"]
 TEST_PLUGIN = "./tests/plugins/torchburn-tiny-engine"
 NATIVE = "./packages/torchburn-native"
+LLM = "./packages/torchburn-llm"
 
 
 def _env() -> dict[str, str]:
@@ -62,13 +63,14 @@ def _install_torchburn(session: nox.Session, *extra: str) -> None:
         "torchburn-native",
         "--reinstall-package",
         "torchburn",
+        *(["--reinstall-package", "torchburn-llm"] if LLM in extra else []),
     )
 
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """Install every package (not editable, as users get them) and run the whole test suite."""
-    _install_torchburn(session, "numpy", "pytest>=8", "packaging", "torchvision", "transformers", "psutil")
+    _install_torchburn(session, "numpy", "pytest>=8", "packaging", "torchvision", "transformers", "psutil", LLM)
     session.install(TEST_PLUGIN, "--reinstall-package", "torchburn-tiny-engine")
     session.run("pytest", *(session.posargs or ["-q"]), env=_env())
 
@@ -89,7 +91,9 @@ def rust(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff format + check, and mypy --strict on the packages."""
     # pinned: a new ruff or mypy release must not turn a green main red
-    session.install("ruff==0.17.6", "mypy==2.4.1", TORCH, "pluggy", "blake3", "platformdirs")
+    session.install(
+        "ruff==0.17.6", "mypy==2.4.1", TORCH, "pluggy", "blake3", "platformdirs", "safetensors", "tokenizers"
+    )
     session.run("ruff", "format", "--check", ".")
     session.run("ruff", "check", ".")
     session.run("mypy")

@@ -68,4 +68,12 @@ def __getattr__(name: str) -> Any:
         from . import optable
 
         return getattr(optable, name)
+    if name == "LLM":
+        try:
+            from torchburn_llm import LLM
+        except ImportError as exc:
+            raise ImportError(
+                "torchburn.LLM needs the LLM runtime: pip install 'torchburn[llm]' (package torchburn-llm)"
+            ) from exc
+        return LLM
     raise AttributeError(f"module 'torchburn' has no attribute {name!r}")

@@ -1,0 +1,27 @@
+"""From a checkpoint folder to a ready model: config, architecture, strict tensor check, weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .architectures import Architecture, architecture_for
+from .config import ModelConfig
+from .errors import ModelLoadError
+from .model import Transformer
+from .weights import SafetensorsCheckpoint
+
+
+def load_folder(folder: str | Path) -> tuple[Architecture, ModelConfig, Transformer]:
+    """Load a Hugging Face checkpoint folder (``config.json`` + ``*.safetensors``) as fp32."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ModelLoadError(f"{folder} is not a folder")
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise ModelLoadError(f"{folder} has no config.json: not a Hugging Face checkpoint folder")
+    cfg = ModelConfig.from_file(config_path)
+    arch = architecture_for(cfg.model_type)
+    checkpoint = SafetensorsCheckpoint(folder)
+    arch.check(cfg, checkpoint.shapes, str(folder))
+    names = [n for n in checkpoint.shapes if n in arch.tensors(cfg) or n == "lm_head.weight"]
+    return arch, cfg, Transformer(arch, cfg, checkpoint.load(names))
