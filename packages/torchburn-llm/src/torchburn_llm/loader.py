@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from .architectures import Architecture, architecture_for
 from .config import ModelConfig
 from .errors import ModelLoadError
+from .gguf_file import GGUFCheckpoint
 from .model import Transformer
 from .weights import SafetensorsCheckpoint
 
@@ -25,3 +27,18 @@ def load_folder(folder: str | Path) -> tuple[Architecture, ModelConfig, Transfor
     arch.check(cfg, checkpoint.shapes, str(folder))
     names = [n for n in checkpoint.shapes if n in arch.tensors(cfg) or n == "lm_head.weight"]
     return arch, cfg, Transformer(arch, cfg, checkpoint.load(names))
+
+
+def load_gguf(path: str | Path) -> tuple[Architecture, ModelConfig, Transformer, Any]:
+    """Load a ``.gguf`` file, dequantized to fp32, with the tokenizer it carries."""
+    from . import tokenizer
+
+    path = Path(path)
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is not a file")
+    checkpoint = GGUFCheckpoint(path)
+    cfg = checkpoint.config
+    arch = architecture_for(cfg.model_type)
+    arch.check(cfg, checkpoint.shapes, str(path))
+    model = Transformer(arch, cfg, checkpoint.load(list(checkpoint.shapes)))
+    return arch, cfg, model, tokenizer.from_gguf(checkpoint.reader.fields, str(path))

