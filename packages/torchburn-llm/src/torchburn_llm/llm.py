@@ -1,32 +1,77 @@
-"""``torchburn.LLM``: a loaded model plus what turns text into tokens and back."""
+"""``torchburn.LLM``: a loaded model, its tokenizer and chat template, and the ways to run it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 
+from . import chat_template
 from .architectures import Architecture
 from .config import ModelConfig
-from .errors import ContextLengthError
+from .errors import ContextLengthError, ModelLoadError
 from .loader import load_folder, load_gguf
-from .model import Transformer
+from .model import KVCache, Transformer
+from .sampling import Sampler, SamplingParams
+from .streaming import TextStream
 from .tokenizer import from_folder as tokenizer_from_folder
 
 QUANTS = ("fp32",)
 
 
+class Session:
+    """A KV cache plus the ids it holds: a new prompt that starts with them (the next turn of a chat,
+    the same system prompt) only runs its new tokens."""
+
+    def __init__(self, model: Transformer, capacity: int) -> None:
+        self.model = model
+        self.cache: KVCache = model.new_cache(capacity)
+        self.ids: list[int] = []
+
+    def prefill(self, prompt: Sequence[int]) -> torch.Tensor:
+        """Logits [V] after ``prompt``, reusing the cached prefix it shares with the previous one."""
+        same = 0
+        for a, b in zip(self.ids, prompt, strict=False):
+            if a != b:
+                break
+            same += 1
+        same = min(same, len(prompt) - 1)  # at least one token runs, for its logits
+        self.cache.reset(same)
+        self.ids = list(prompt[:same])
+        return self.step(prompt[same:])
+
+    def step(self, ids: Sequence[int]) -> torch.Tensor:
+        logits = self.model.forward(torch.tensor(list(ids), dtype=torch.long), self.cache)
+        self.ids.extend(ids)
+        return logits[-1]
+
+
 class LLM:
     """A decoder-only language model ready to run on the CPU."""
 
-    def __init__(self, arch: Architecture, cfg: ModelConfig, model: Transformer, tokenizer: Any = None) -> None:
-        self.architecture, self.config, self.model, self.tokenizer = arch, cfg, model, tokenizer
+    def __init__(
+        self,
+        arch: Architecture,
+        cfg: ModelConfig,
+        model: Transformer,
+        tokenizer: Any = None,
+        template: str | None = None,
+        defaults: SamplingParams | None = None,
+        eos_ids: Sequence[int] = (),
+    ) -> None:
+        self.architecture, self.config, self.model = arch, cfg, model
+        self.tokenizer, self.chat_template = tokenizer, template
+        self.defaults = defaults or SamplingParams()
+        self.eos_ids = tuple(eos_ids) or cfg.eos_token_ids
+        self._session: Session | None = None
 
     @classmethod
     def from_pretrained(cls, path: str | Path, quant: str = "fp32", device: str = "cpu") -> LLM:
-        """Load a local Hugging Face checkpoint folder (weights memory-mapped, checked strictly)."""
+        """Load a local Hugging Face checkpoint folder or a ``.gguf`` file."""
         if quant not in QUANTS:
             raise ValueError(f"quant={quant!r} is not available; choose one of {', '.join(QUANTS)}")
         if device not in ("cpu", "auto"):
@@ -34,30 +79,167 @@ class LLM:
         path = Path(path)
         if path.suffix == ".gguf":
             arch, cfg, model, tokenizer = load_gguf(path)
-            return cls(arch, cfg, model, tokenizer)
+            return cls(arch, cfg, model, tokenizer, _gguf_template(path))
         arch, cfg, model = load_folder(path)
-        return cls(arch, cfg, model, tokenizer_from_folder(path))
+        defaults, eos = _generation_config(path, cfg)
+        return cls(arch, cfg, model, tokenizer_from_folder(path), chat_template.from_folder(path), defaults, eos)
+
+    # --- token level --------------------------------------------------------------------------
+
+    def _session_for(self, need: int) -> Session:
+        if need > self.config.max_position:
+            raise ContextLengthError(
+                f"{need} tokens (prompt + new) exceed the model's context of {self.config.max_position}"
+            )
+        if self._session is None or self._session.cache.capacity < need:
+            self._session = Session(self.model, min(self.config.max_position, max(need, 512)))
+        return self._session
 
     @torch.no_grad()
-    def generate_ids(self, prompt: Sequence[int], max_new_tokens: int = 32) -> list[int]:
-        """Greedy continuation of the token ids ``prompt``: the new ids only, stopping at EOS."""
+    def generate_tokens(self, prompt: Sequence[int], max_new_tokens: int, params: SamplingParams) -> Iterator[int]:
+        """New token ids after ``prompt`` until EOS (not yielded) or ``max_new_tokens``."""
         if not prompt:
             raise ValueError("the prompt must hold at least one token")
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        need = len(prompt) + max_new_tokens
-        if need > self.config.max_position:
+        if len(prompt) + max_new_tokens > self.config.max_position:
             raise ContextLengthError(
                 f"{len(prompt)} prompt tokens + {max_new_tokens} new ones exceed the model's context of "
                 f"{self.config.max_position} positions"
             )
-        cache = self.model.new_cache(need)
-        logits = self.model.forward(torch.tensor(list(prompt)), cache)
-        out: list[int] = []
-        for _ in range(max_new_tokens):
-            token = int(logits[-1].argmax())
-            out.append(token)
-            if token in self.config.eos_token_ids or len(out) == max_new_tokens:
-                break
-            logits = self.model.forward(torch.tensor([token]), cache)
-        return out
+        if max_new_tokens == 0:
+            return
+        session = self._session_for(len(prompt) + max_new_tokens)
+        sampler = Sampler(params)
+        logits = session.prefill(prompt)
+        for i in range(max_new_tokens):
+            token = sampler(logits, session.ids)
+            if token in self.eos_ids:
+                return
+            yield token
+            if i + 1 < max_new_tokens:
+                logits = session.step([token])
+
+    def generate_ids(self, prompt: Sequence[int], max_new_tokens: int = 32) -> list[int]:
+        """Greedy continuation of the token ids ``prompt`` (the new ids; EOS ends it, not included)."""
+        return list(self.generate_tokens(prompt, max_new_tokens, SamplingParams()))
+
+    # --- text level ---------------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ModelLoadError("this model has no tokenizer (no tokenizer.json): pass token ids instead")
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def stream(
+        self,
+        prompt: str,
+        max_new_tokens: int = 256,
+        *,
+        stop: Sequence[str] = (),
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        min_p: float | None = None,
+        repetition_penalty: float | None = None,
+        seed: int | None = None,
+    ) -> Iterator[str]:
+        """Text pieces as they are decoded (whole characters; stop strings cut and never shown)."""
+        params = self.defaults.updated(
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            repetition_penalty=repetition_penalty,
+            seed=seed,
+        )
+        text = TextStream(self.tokenizer, stop)
+        for token in self.generate_tokens(self.encode(prompt), max_new_tokens, params):
+            piece = text.push(token)
+            if piece:
+                yield piece
+            if text.stopped:
+                return
+        rest = text.finish()
+        if rest:
+            yield rest
+
+    def generate(self, prompt: str, max_new_tokens: int = 256, **options: Any) -> str:
+        """The continuation of ``prompt`` as text (options as for :meth:`stream`)."""
+        return "".join(self.stream(prompt, max_new_tokens, **options))
+
+    def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        if self.chat_template is None:
+            raise ModelLoadError("this model ships no chat template; use generate() with a plain prompt")
+        tokens = self.tokenizer
+        special = {}
+        for key, tid in (
+            ("bos_token", self.config.bos_token_id),
+            ("eos_token", self.eos_ids[0] if self.eos_ids else None),
+        ):
+            if tid is not None and tokens is not None:
+                special[key] = tokens.id_to_token(int(tid))
+        return chat_template.render(self.chat_template, messages, add_generation_prompt, **special)
+
+    def chat_completion(self, messages: Sequence[dict[str, str]], max_new_tokens: int = 256, **options: Any) -> str:
+        """The assistant's reply to ``messages`` (dicts with ``role`` and ``content``)."""
+        return self.generate(self.apply_chat_template(messages), max_new_tokens, **options)
+
+    def chat(
+        self,
+        system_prompt: str | None = None,
+        *,
+        input_stream: TextIO | None = None,
+        output: TextIO | None = None,
+        max_new_tokens: int = 512,
+        **options: Any,
+    ) -> None:
+        """Interactive chat in the terminal; the KV cache carries over between turns. /exit or EOF ends it."""
+        stdin, stdout = input_stream or sys.stdin, output or sys.stdout
+        messages: list[dict[str, str]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        while True:
+            stdout.write(">>> ")
+            stdout.flush()
+            line = stdin.readline()
+            if not line or line.strip() in ("/exit", "/quit"):
+                stdout.write("\n")
+                return
+            if not line.strip():
+                continue
+            messages.append({"role": "user", "content": line.rstrip("\n")})
+            reply = []
+            for piece in self.stream(self.apply_chat_template(messages), max_new_tokens, **options):
+                stdout.write(piece)
+                stdout.flush()
+                reply.append(piece)
+            stdout.write("\n")
+            messages.append({"role": "assistant", "content": "".join(reply)})
+
+
+def _gguf_template(path: Path) -> str | None:
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(path)).fields.get("tokenizer.chat_template")
+    return None if field is None else str(field.contents())
+
+
+def _generation_config(folder: Path, cfg: ModelConfig) -> tuple[SamplingParams, tuple[int, ...]]:
+    """Sampling defaults and EOS ids from ``generation_config.json`` (greedy and the config's EOS without it)."""
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        return SamplingParams(), cfg.eos_token_ids
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path} is not valid JSON: {exc}") from exc
+    eos = raw.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else cfg.eos_token_ids)
+    sampled = bool(raw.get("do_sample", False))
+    params = SamplingParams(
+        temperature=float(raw.get("temperature", 1.0)) if sampled else 0.0,
+        top_k=int(raw.get("top_k", 0) or 0) if sampled else 0,
+        top_p=float(raw.get("top_p", 1.0) or 1.0) if sampled else 1.0,
+        min_p=float(raw.get("min_p", 0.0) or 0.0) if sampled else 0.0,
+        repetition_penalty=float(raw.get("repetition_penalty", 1.0) or 1.0),
+    )
+    return params, tuple(int(e) for e in eos_ids)

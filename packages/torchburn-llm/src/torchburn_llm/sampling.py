@@ -1,0 +1,72 @@
+"""Choosing the next token from logits: greedy, or sampled with temperature, top-k, top-p, min-p and a
+repetition penalty, from a seeded generator (the same seed gives the same text)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: no limit
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
+            (self.top_k >= 0, f"top_k must be >= 0 (0: no limit), got {self.top_k}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
+            (self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    def updated(self, **overrides: Any) -> SamplingParams:
+        """These parameters with every override that is not None applied."""
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+class Sampler:
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self.generator = torch.Generator()
+        if params.seed is not None:
+            self.generator.manual_seed(params.seed)
+        else:
+            self.generator.seed()
+
+    def __call__(self, logits: torch.Tensor, history: Sequence[int]) -> int:
+        """The next token for ``logits`` [V], given the ids so far (for the repetition penalty)."""
+        p = self.params
+        logits = logits.float()
+        if p.repetition_penalty != 1.0 and history:
+            seen = torch.tensor(sorted(set(history)))
+            picked = logits[seen]
+            logits = logits.clone()
+            # as in the CTRL paper and transformers: shrink positive logits, push negative ones down
+            logits[seen] = torch.where(picked > 0, picked / p.repetition_penalty, picked * p.repetition_penalty)
+        if p.temperature == 0:
+            return int(logits.argmax())
+        logits = logits / p.temperature
+        if 0 < p.top_k < logits.shape[0]:
+            kth = torch.topk(logits, p.top_k).values[-1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        if p.min_p > 0:
+            probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
+        if p.top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, descending=True)
+            before = torch.cumsum(sorted_probs, dim=0) - sorted_probs  # mass of the tokens ranked above
+            sorted_probs = sorted_probs.masked_fill(before >= p.top_p, 0.0)  # the top token always stays
+            probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+        return int(torch.multinomial(probs / probs.sum(), 1, generator=self.generator))

@@ -1,0 +1,96 @@
+"""Text generation on the embedded model: chat templates, sampling and seeds, streaming whole
+characters, stop strings, and the KV cache reused across turns."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from torchburn_llm import LLM
+from torchburn_llm.sampling import Sampler, SamplingParams
+from torchburn_llm.streaming import TextStream
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_chat_template_renders_chatml(smollm2: LLM) -> None:
+    text = smollm2.apply_chat_template(QUESTION)
+    assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert text.endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_chat_completion_answers(smollm2: LLM) -> None:
+    assert "Paris" in smollm2.chat_completion(QUESTION, max_new_tokens=16)
+
+
+def test_same_seed_same_text_and_stream_equals_generate(smollm2: LLM) -> None:
+    prompt = smollm2.apply_chat_template([{"role": "user", "content": "Write a short poem about the sea."}])
+    opts = {"temperature": 0.9, "top_p": 0.95, "top_k": 50, "seed": 7}
+    first = smollm2.generate(prompt, 24, **opts)
+    assert smollm2.generate(prompt, 24, **opts) == first
+    assert "".join(smollm2.stream(prompt, 24, **opts)) == first
+    others = {smollm2.generate(prompt, 24, **{**opts, "seed": s}) for s in (8, 9, 10)}
+    assert others != {first}  # the seed really seeds
+
+
+def test_stop_string_cuts_and_is_never_shown(smollm2: LLM) -> None:
+    prompt = smollm2.apply_chat_template(QUESTION)
+    full = smollm2.generate(prompt, 16)
+    assert "Paris" in full
+    cut = smollm2.generate(prompt, 16, stop=["Paris"])
+    assert cut == full[: full.index("Paris")]
+    assert "".join(smollm2.stream(prompt, 16, stop=["Paris"])) == cut
+
+
+def test_stream_never_splits_a_character(smollm2: LLM) -> None:
+    text = "naïve café — 東京 🙂🙂 done"
+    stream = TextStream(smollm2.tokenizer)
+    pieces = [stream.push(t) for t in smollm2.encode(text)] + [stream.finish()]
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == text
+    assert len([p for p in pieces if p]) > 3  # it streamed, not one piece at the end
+
+
+def test_stream_holds_back_a_partial_stop_string(smollm2: LLM) -> None:
+    stream = TextStream(smollm2.tokenizer, stop=["<END>"])
+    shown = "".join(stream.push(t) for t in smollm2.encode("alpha <EN"))
+    assert shown == "alpha "  # "<EN" might become "<END>": held back
+    shown += "".join(stream.push(t) for t in smollm2.encode("D> beta"))
+    assert shown == "alpha " and stream.stopped
+
+
+def test_kv_cache_reused_across_turns_gives_the_same_tokens(smollm2: LLM) -> None:
+    first = smollm2.encode(smollm2.apply_chat_template(QUESTION))
+    reply = smollm2.generate_ids(first, 8)
+    follow = (
+        first + reply + smollm2.encode("<|im_end|>\n<|im_start|>user\nAnd of Italy?<|im_end|>\n<|im_start|>assistant\n")
+    )
+    reused = smollm2.generate_ids(follow, 8)
+    session = smollm2._session
+    assert session is not None and session.ids[: len(first)] == first  # the prefix stayed cached
+    smollm2._session = None  # a fresh cache: every token recomputed
+    assert smollm2.generate_ids(follow, 8) == reused
+
+
+def test_interactive_chat_keeps_the_conversation(smollm2: LLM) -> None:
+    out = io.StringIO()
+    smollm2.chat(input_stream=io.StringIO("What is the capital of France?\n/exit\n"), output=out, max_new_tokens=12)
+    assert "Paris" in out.getvalue() and out.getvalue().startswith(">>> ")
+
+
+def test_sampler_rules_against_hand_computation() -> None:
+    logits = torch.tensor([2.0, 1.0, 0.5, -1.0, -3.0])
+    assert Sampler(SamplingParams(temperature=1.0, top_k=1, seed=0))(logits, []) == 0
+    # repetition penalty 2 on tokens 0 and 3: 2.0 -> 1.0, -1.0 -> -2.0; greedy then picks token 0 or 1 (tie)
+    p = SamplingParams(repetition_penalty=4.0)
+    assert Sampler(p)(logits, [0]) == 1  # 2.0 / 4 = 0.5 < 1.0
+    # top_p 0.6: softmax = [.61, .22, .14, .03, .004]: only token 0 is needed to reach 0.6
+    draws = {Sampler(SamplingParams(temperature=1.0, top_p=0.6, seed=s))(logits, []) for s in range(50)}
+    assert draws == {0}
+    # min_p 0.3: keep tokens with p >= 0.3 * 0.61 = 0.18: tokens 0 and 1
+    draws = {Sampler(SamplingParams(temperature=1.0, min_p=0.3, seed=s))(logits, []) for s in range(200)}
+    assert draws == {0, 1}
+    with pytest.raises(ValueError, match="top_p must be in"):
+        SamplingParams(top_p=0.0)
