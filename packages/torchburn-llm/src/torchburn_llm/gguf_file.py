@@ -8,6 +8,7 @@ they are put back here, so the same forward pass serves both sources.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +108,7 @@ class GGUFCheckpoint:
             eos_token_ids=() if eos is None else (int(eos),),
         )
 
-    def load(self, names: list[str]) -> dict[str, torch.Tensor]:
+    def load(self, names: list[str], progress: Callable[[int, int], None] | None = None) -> dict[str, torch.Tensor]:
         """The named tensors as fp32 (quantized ones dequantized), q/k rows in Hugging Face order."""
         from gguf import quants
 
@@ -121,6 +122,8 @@ class GGUFCheckpoint:
                 heads = cfg.num_heads if "q_proj" in name else cfg.num_kv_heads
                 w = _unpermute_rows(w, heads)
             out[name] = w
+            if progress is not None:
+                progress(len(out), len(names))
         return out
 
     def chat_template(self) -> str | None:

@@ -13,8 +13,9 @@ import torch
 from . import chat_template
 from .architectures import Architecture
 from .config import ModelConfig
+from .default_model import default_model_path
 from .errors import ContextLengthError, ModelLoadError
-from .loader import load_folder, load_gguf
+from .loader import Progress, load_folder, load_gguf
 from .model import KVCache, Transformer
 from .sampling import Sampler, SamplingParams
 from .streaming import TextStream
@@ -70,17 +71,24 @@ class LLM:
         self._session: Session | None = None
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, quant: str = "fp32", device: str = "cpu") -> LLM:
-        """Load a local Hugging Face checkpoint folder or a ``.gguf`` file."""
+    def from_pretrained(
+        cls,
+        path: str | Path | None = None,
+        quant: str = "fp32",
+        device: str = "cpu",
+        progress: Progress | None = None,
+    ) -> LLM:
+        """Load a local Hugging Face checkpoint folder or a ``.gguf`` file; with no path, the embedded
+        SmolLM2-135M-Instruct. ``progress(done, total)`` is called as tensors load."""
         if quant not in QUANTS:
             raise ValueError(f"quant={quant!r} is not available; choose one of {', '.join(QUANTS)}")
         if device not in ("cpu", "auto"):
             raise ValueError(f"device={device!r} is not available; the LLM runtime runs on 'cpu' (or 'auto')")
-        path = Path(path)
+        path = default_model_path() if path is None else Path(path)
         if path.suffix == ".gguf":
-            arch, cfg, model, tokenizer = load_gguf(path)
+            arch, cfg, model, tokenizer = load_gguf(path, progress)
             return cls(arch, cfg, model, tokenizer, _gguf_template(path))
-        arch, cfg, model = load_folder(path)
+        arch, cfg, model = load_folder(path, progress)
         defaults, eos = _generation_config(path, cfg)
         return cls(arch, cfg, model, tokenizer_from_folder(path), chat_template.from_folder(path), defaults, eos)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,11 @@ from .gguf_file import GGUFCheckpoint
 from .model import Transformer
 from .weights import SafetensorsCheckpoint
 
+# called with (tensors loaded, tensors in all) as loading goes
+Progress = Callable[[int, int], None]
 
-def load_folder(folder: str | Path) -> tuple[Architecture, ModelConfig, Transformer]:
+
+def load_folder(folder: str | Path, progress: Progress | None = None) -> tuple[Architecture, ModelConfig, Transformer]:
     """Load a Hugging Face checkpoint folder (``config.json`` + ``*.safetensors``) as fp32."""
     folder = Path(folder)
     if not folder.is_dir():
@@ -26,10 +30,10 @@ def load_folder(folder: str | Path) -> tuple[Architecture, ModelConfig, Transfor
     checkpoint = SafetensorsCheckpoint(folder)
     arch.check(cfg, checkpoint.shapes, str(folder))
     names = [n for n in checkpoint.shapes if n in arch.tensors(cfg) or n == "lm_head.weight"]
-    return arch, cfg, Transformer(arch, cfg, checkpoint.load(names))
+    return arch, cfg, Transformer(arch, cfg, checkpoint.load(names, progress=progress))
 
 
-def load_gguf(path: str | Path) -> tuple[Architecture, ModelConfig, Transformer, Any]:
+def load_gguf(path: str | Path, progress: Progress | None = None) -> tuple[Architecture, ModelConfig, Transformer, Any]:
     """Load a ``.gguf`` file, dequantized to fp32, with the tokenizer it carries."""
     from . import tokenizer
 
@@ -40,5 +44,5 @@ def load_gguf(path: str | Path) -> tuple[Architecture, ModelConfig, Transformer,
     cfg = checkpoint.config
     arch = architecture_for(cfg.model_type)
     arch.check(cfg, checkpoint.shapes, str(path))
-    model = Transformer(arch, cfg, checkpoint.load(list(checkpoint.shapes)))
+    model = Transformer(arch, cfg, checkpoint.load(list(checkpoint.shapes), progress=progress))
     return arch, cfg, model, tokenizer.from_gguf(checkpoint.reader.fields, str(path))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -37,7 +38,12 @@ class SafetensorsCheckpoint:
             except Exception as exc:  # safetensors raises its own error types for a damaged file
                 raise ModelLoadError(f"{path} is not a readable safetensors file: {exc}") from exc
 
-    def load(self, names: list[str], dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    def load(
+        self,
+        names: list[str],
+        dtype: torch.dtype = torch.float32,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> dict[str, torch.Tensor]:
         """The named tensors converted to ``dtype`` (a view of the mapped file when already of it)."""
         by_file: dict[Path, list[str]] = {}
         for name in names:
@@ -47,6 +53,8 @@ class SafetensorsCheckpoint:
             with safe_open(str(path), framework="pt") as f:
                 for name in wanted:
                     out[name] = f.get_tensor(name).to(dtype)
+                    if progress is not None:
+                        progress(len(out), len(names))
         return out
 
 

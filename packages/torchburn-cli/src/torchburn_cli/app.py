@@ -1,0 +1,216 @@
+"""The ``torchburn`` command. User mistakes print one line and exit 2; bugs keep their traceback."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+app = typer.Typer(
+    help="TorchBurn: a torch.compile backend with its own engines, and a local LLM runtime.", no_args_is_help=True
+)
+llm_app = typer.Typer(help="Run language models locally (python -m torchburn.llm).", no_args_is_help=True)
+cache_app = typer.Typer(help="TorchBurn's compiled-program cache.", no_args_is_help=True)
+app.add_typer(cache_app, name="cache")
+err = Console(stderr=True)
+
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help="A Hugging Face checkpoint folder or a .gguf file [default: the embedded SmolLM2-135M-Instruct]",
+    ),
+]
+QuantOpt = Annotated[str, typer.Option("--quant", "-q", help="Weight format: fp32")]
+DeviceOpt = Annotated[str, typer.Option("--device", "-d", help="Where to run: cpu (or auto)")]
+MaxOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", min=0, help="Tokens to generate at most")]
+
+
+def _load(model: str | None, quant: str, device: str) -> Any:
+    import torchburn
+
+    with Progress(
+        TextColumn("loading {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(Path(model).name if model else "SmolLM2-135M-Instruct", total=None)
+        return torchburn.LLM.from_pretrained(
+            model,
+            quant=quant,
+            device=device,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+
+
+def generate(
+    prompt: Annotated[str, typer.Argument(help="The prompt (sent through the model's chat template unless --raw)")],
+    model: ModelOpt = None,
+    quant: QuantOpt = "fp32",
+    device: DeviceOpt = "cpu",
+    stream: Annotated[bool, typer.Option("--stream/--no-stream", help="Print text as it is generated")] = True,
+    raw: Annotated[bool, typer.Option("--raw", help="Continue the prompt as is, without the chat template")] = False,
+    max_new_tokens: MaxOpt = 256,
+    temperature: Annotated[
+        float | None, typer.Option(help="0 = greedy [default: the model's generation config]")
+    ] = None,
+    top_k: Annotated[int | None, typer.Option(help="Sample from the k likeliest tokens")] = None,
+    top_p: Annotated[float | None, typer.Option(help="Sample from the smallest set with this much probability")] = None,
+    min_p: Annotated[
+        float | None, typer.Option(help="Drop tokens below this fraction of the likeliest's probability")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Same seed, same text")] = None,
+    stop: Annotated[list[str] | None, typer.Option(help="Stop before this text (repeatable)")] = None,
+) -> None:
+    """Generate a continuation of PROMPT."""
+    llm = _load(model, quant, device)
+    text = (
+        prompt if raw or llm.chat_template is None else llm.apply_chat_template([{"role": "user", "content": prompt}])
+    )
+    options = {
+        "temperature": temperature,
+        "top_k": top_k,
+        "top_p": top_p,
+        "min_p": min_p,
+        "seed": seed,
+        "stop": stop or (),
+    }
+    if stream:
+        for piece in llm.stream(text, max_new_tokens, **options):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+    else:
+        print(llm.generate(text, max_new_tokens, **options))
+
+
+def chat(
+    model: ModelOpt = None,
+    quant: QuantOpt = "fp32",
+    device: DeviceOpt = "cpu",
+    system: Annotated[str | None, typer.Option(help="System prompt")] = None,
+    max_new_tokens: MaxOpt = 512,
+    temperature: Annotated[
+        float | None, typer.Option(help="0 = greedy [default: the model's generation config]")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Same seed, same replies")] = None,
+) -> None:
+    """Chat with the model in the terminal (/exit or Ctrl-D to leave)."""
+    llm = _load(model, quant, device)
+    err.print("[dim]chat: /exit or Ctrl-D to leave[/dim]")
+    llm.chat(system, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+
+
+def benchmark(
+    model: ModelOpt = None,
+    quant: QuantOpt = "fp32",
+    device: DeviceOpt = "cpu",
+    tokens: Annotated[int, typer.Option("--tokens", "-t", min=1, help="Tokens to decode")] = 64,
+    prompt_tokens: Annotated[int, typer.Option(min=8, help="Prompt length for prefill")] = 128,
+    reference: Annotated[
+        bool, typer.Option("--reference/--no-reference", help="Also time transformers eager fp32")
+    ] = True,
+) -> None:
+    """Prefill and decode tokens/s and time to first token, next to transformers eager in the same run."""
+    import torch
+
+    from torchburn_llm import benchmark as bench
+    from torchburn_llm import default_model_path
+
+    llm = _load(model, quant, device)
+    ids = bench.prompt_ids(llm, prompt_tokens)
+    rows = [bench.measure_ours(llm, f"torchburn {quant}", ids, tokens)]
+    if reference:
+        ref = bench.load_transformers(Path(model) if model else default_model_path())
+        rows.append(bench.measure_transformers(ref, "transformers fp32 eager", ids, tokens))
+    print(f"machine: {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(bench.HEADER)
+    for r in rows:
+        print(r.row())
+
+
+def info() -> None:
+    """Engines, the CPU's SIMD level and thread counts."""
+    import torch
+
+    import torchburn
+
+    print(f"torchburn {torchburn.__version__}, torch {torch.__version__}, {torch.get_num_threads()} torch threads")
+    for e in torchburn.list_engines():
+        print(f"  {e}")
+    try:
+        import torchburn_native
+
+        print(
+            f"native engine: ISA {torchburn_native.isa()}, {torchburn_native.num_threads()} threads, "
+            f"pool {torchburn_native.thread_pool()}"
+        )
+    except ImportError:
+        print("native engine: not installed (pip install torchburn)")
+
+
+def ops(engine: Annotated[str | None, typer.Option(help="Engine name [default: the active engine]")] = None) -> None:
+    """The op coverage table of an engine, from its registry."""
+    import torchburn
+
+    print(torchburn.format_engine_ops(engine))
+
+
+@cache_app.command("info")
+def cache_info() -> None:
+    """Counters and the size of the on-disk cache."""
+    import torchburn
+
+    for k, v in torchburn.cache_info().items():
+        print(f"{k}: {v}")
+
+
+@cache_app.command("clear")
+def cache_clear() -> None:
+    """Delete every cached program (memory and disk)."""
+    import torchburn
+
+    torchburn.clear_cache()
+    print("cache cleared")
+
+
+for command in (generate, chat, benchmark):
+    app.command()(command)
+    llm_app.command()(command)
+app.command()(info)
+app.command()(ops)
+
+
+def _run(typer_app: typer.Typer) -> None:
+    from torchburn.errors import TorchBurnError
+
+    try:
+        typer_app(standalone_mode=False)
+    except (TorchBurnError, ValueError, OSError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        sys.exit(2)
+    except (typer.Abort, KeyboardInterrupt):
+        sys.exit(130)
+    except Exception as exc:  # click's usage errors
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise
+
+
+def main() -> None:
+    _run(app)
+
+
+def llm_main() -> None:
+    _run(llm_app)

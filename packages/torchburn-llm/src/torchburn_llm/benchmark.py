@@ -1,0 +1,88 @@
+"""Prefill and decode speed of a model, next to ``transformers`` eager on the same machine and run."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .llm import LLM
+from .sampling import SamplingParams
+
+PROMPT = (
+    "The history of the printing press begins in the fifteenth century, when movable type changed how "
+    "books were made, how ideas travelled across Europe, and who could afford to read them. "
+)
+
+
+@dataclass(frozen=True)
+class Speed:
+    name: str
+    prompt_tokens: int
+    new_tokens: int
+    prefill_tok_s: float
+    decode_tok_s: float
+    ttft_ms: float
+
+    def row(self) -> str:
+        return (
+            f"| {self.name} | {self.prompt_tokens} | {self.prefill_tok_s:.1f} | {self.ttft_ms:.1f} "
+            f"| {self.new_tokens} | {self.decode_tok_s:.1f} |"
+        )
+
+
+HEADER = (
+    "| runtime | prompt tokens | prefill tok/s | first token ms | new tokens | decode tok/s |\n"
+    "| --- | ---: | ---: | ---: | ---: | ---: |"
+)
+
+
+def prompt_ids(llm: LLM, n: int) -> list[int]:
+    ids: list[int] = []
+    while len(ids) < n:
+        ids += llm.encode(PROMPT)
+    return ids[:n]
+
+
+def measure_ours(llm: LLM, name: str, ids: list[int], new_tokens: int) -> Speed:
+    llm._session = None
+    list(llm.generate_tokens(ids[:8], 2, SamplingParams()))  # warm up
+    llm._session = None
+    params = SamplingParams()
+    t0 = time.perf_counter()
+    tokens = llm.generate_tokens(ids, new_tokens, params)
+    first = next(tokens, None)
+    t1 = time.perf_counter()
+    rest = sum(1 for _ in tokens)
+    t2 = time.perf_counter()
+    got = rest + (first is not None)
+    return Speed(name, len(ids), got, len(ids) / (t1 - t0), rest / (t2 - t1) if rest else 0.0, (t1 - t0) * 1e3)
+
+
+def measure_transformers(model: Any, name: str, ids: list[int], new_tokens: int) -> Speed:
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        model(x[:, :8])  # warm up
+        t0 = time.perf_counter()
+        out = model(x, use_cache=True)
+        t1 = time.perf_counter()
+        past, token = out.past_key_values, out.logits[0, -1].argmax().view(1, 1)
+        for _ in range(new_tokens - 1):
+            out = model(token, past_key_values=past, use_cache=True)
+            past, token = out.past_key_values, out.logits[0, -1].argmax().view(1, 1)
+        t2 = time.perf_counter()
+    return Speed(name, len(ids), new_tokens, len(ids) / (t1 - t0), (new_tokens - 1) / (t2 - t1), (t1 - t0) * 1e3)
+
+
+def load_transformers(path: Path) -> Any:
+    import transformers
+
+    auto: Any = transformers.AutoModelForCausalLM
+    if path.suffix == ".gguf":
+        model = auto.from_pretrained(path.parent, gguf_file=path.name)
+    else:
+        model = auto.from_pretrained(path)
+    return model.eval()
