@@ -155,6 +155,113 @@ impl FastCall {
     }
 }
 
+/// A weight matrix `[n, k]` quantized for the LLM runtime (see `kernels::quant`).
+#[pyclass(frozen, module = "torchburn_native._native")]
+struct QMatrix {
+    inner: crate::kernels::quant::QMatrix,
+}
+
+#[pymethods]
+impl QMatrix {
+    /// Quantizes the contiguous f32 matrix at `ptr` (`n·k` values): `kind` is "int8" (per row) or
+    /// "int4" (blocks of 32 with scale and offset).
+    #[staticmethod]
+    fn quantize(py: Python<'_>, ptr: usize, n: usize, k: usize, kind: &str) -> PyResult<Self> {
+        use crate::kernels::quant::{QMatrix as Q, BLOCK};
+        if ptr == 0 || n == 0 || k == 0 {
+            return Err(PyValueError::new_err("quantize needs a non-empty matrix"));
+        }
+        if !k.is_multiple_of(BLOCK) {
+            return Err(PyValueError::new_err(format!(
+                "quantized weights need rows whose length is a multiple of {BLOCK}, got {k}"
+            )));
+        }
+        // SAFETY: the caller passes a live contiguous f32 tensor of n·k elements
+        let w = unsafe { std::slice::from_raw_parts(ptr as *const f32, n * k) };
+        let inner = match kind {
+            "int8" => py.detach(|| Q::quantize_q8(w, n, k)),
+            "int4" => py.detach(|| Q::quantize_q4(w, n, k)),
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "quantization kind {other:?} is not one of \"int8\", \"int4\""
+                )))
+            }
+        };
+        Ok(QMatrix { inner })
+    }
+
+    /// `out[rows, n] = x[rows, k] @ W.T` for contiguous f32 buffers at `x` and `out`.
+    fn matmul(&self, py: Python<'_>, x: usize, rows: usize, out: usize) -> PyResult<()> {
+        if x == 0 || out == 0 {
+            return Err(PyValueError::new_err("matmul needs non-null buffers"));
+        }
+        let (n, k) = (self.inner.n, self.inner.k);
+        // SAFETY: the caller passes live contiguous f32 tensors of rows·k and rows·n elements
+        let (xs, os) = unsafe {
+            (
+                std::slice::from_raw_parts(x as *const f32, rows * k),
+                std::slice::from_raw_parts_mut(out as *mut f32, rows * n),
+            )
+        };
+        let (xs, os) = (threads_ptr(xs), threads_ptr_mut(os));
+        py.detach(move || {
+            let (xs, os) = (xs.get(), os.get());
+            self.inner.matmul(xs, rows, os)
+        });
+        Ok(())
+    }
+
+    #[getter]
+    fn shape(&self) -> (usize, usize) {
+        (self.inner.n, self.inner.k)
+    }
+
+    #[getter]
+    fn kind(&self) -> &'static str {
+        match self.inner.w {
+            crate::kernels::quant::QWeights::Q8 { .. } => "int8",
+            crate::kernels::quant::QWeights::Q4 { .. } => "int4",
+        }
+    }
+
+    /// Bytes the quantized weights take.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        match &self.inner.w {
+            crate::kernels::quant::QWeights::Q8 { q, scale } => q.len() + scale.len() * 4,
+            crate::kernels::quant::QWeights::Q4 { nibbles, d, m } => {
+                nibbles.len() + (d.len() + m.len()) * 4
+            }
+        }
+    }
+}
+
+/// Slices carried into a closure that runs without the GIL (they point into tensors the caller keeps alive).
+struct SliceRef(*const f32, usize);
+struct SliceMut(*mut f32, usize);
+// SAFETY: the memory outlives the call that uses it and is only read (SliceRef) or written by this call
+unsafe impl Send for SliceRef {}
+unsafe impl Send for SliceMut {}
+impl SliceRef {
+    fn get<'a>(&self) -> &'a [f32] {
+        // SAFETY: see the type's comment
+        unsafe { std::slice::from_raw_parts(self.0, self.1) }
+    }
+}
+impl SliceMut {
+    #[allow(clippy::mut_from_ref)]
+    fn get<'a>(&self) -> &'a mut [f32] {
+        // SAFETY: see the type's comment
+        unsafe { std::slice::from_raw_parts_mut(self.0, self.1) }
+    }
+}
+fn threads_ptr(s: &[f32]) -> SliceRef {
+    SliceRef(s.as_ptr(), s.len())
+}
+fn threads_ptr_mut(s: &mut [f32]) -> SliceMut {
+    SliceMut(s.as_mut_ptr(), s.len())
+}
+
 /// Sizes the worker pool; only the first call takes effect.
 #[pyfunction]
 fn init_threads(n: usize) -> usize {
@@ -212,6 +319,7 @@ fn debug_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Program>()?;
     m.add_class::<FastCall>()?;
+    m.add_class::<QMatrix>()?;
     m.add_function(wrap_pyfunction!(init_threads, m)?)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(share_openmp, m)?)?;

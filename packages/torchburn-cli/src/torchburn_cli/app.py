@@ -26,7 +26,9 @@ ModelOpt = Annotated[
         help="A Hugging Face checkpoint folder or a .gguf file [default: the embedded SmolLM2-135M-Instruct]",
     ),
 ]
-QuantOpt = Annotated[str, typer.Option("--quant", "-q", help="Weight format: fp32")]
+QuantOpt = Annotated[
+    str, typer.Option("--quant", "-q", help="Weight format: fp32, int8 (per channel) or int4 (blocks of 32)")
+]
 DeviceOpt = Annotated[str, typer.Option("--device", "-d", help="Where to run: cpu (or auto)")]
 MaxOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", min=0, help="Tokens to generate at most")]
 

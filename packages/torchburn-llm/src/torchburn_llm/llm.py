@@ -15,13 +15,12 @@ from .architectures import Architecture
 from .config import ModelConfig
 from .default_model import default_model_path
 from .errors import ContextLengthError, ModelLoadError
+from .linear import QUANTS
 from .loader import Progress, load_folder, load_gguf
 from .model import KVCache, Transformer
 from .sampling import Sampler, SamplingParams
 from .streaming import TextStream
 from .tokenizer import from_folder as tokenizer_from_folder
-
-QUANTS = ("fp32",)
 
 
 class Session:
@@ -86,9 +85,9 @@ class LLM:
             raise ValueError(f"device={device!r} is not available; the LLM runtime runs on 'cpu' (or 'auto')")
         path = default_model_path() if path is None else Path(path)
         if path.suffix == ".gguf":
-            arch, cfg, model, tokenizer = load_gguf(path, progress)
+            arch, cfg, model, tokenizer = load_gguf(path, progress, quant)
             return cls(arch, cfg, model, tokenizer, _gguf_template(path))
-        arch, cfg, model = load_folder(path, progress)
+        arch, cfg, model = load_folder(path, progress, quant)
         defaults, eos = _generation_config(path, cfg)
         return cls(arch, cfg, model, tokenizer_from_folder(path), chat_template.from_folder(path), defaults, eos)
 

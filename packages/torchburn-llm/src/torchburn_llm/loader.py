@@ -17,7 +17,9 @@ from .weights import SafetensorsCheckpoint
 Progress = Callable[[int, int], None]
 
 
-def load_folder(folder: str | Path, progress: Progress | None = None) -> tuple[Architecture, ModelConfig, Transformer]:
+def load_folder(
+    folder: str | Path, progress: Progress | None = None, quant: str = "fp32"
+) -> tuple[Architecture, ModelConfig, Transformer]:
     """Load a Hugging Face checkpoint folder (``config.json`` + ``*.safetensors``) as fp32."""
     folder = Path(folder)
     if not folder.is_dir():
@@ -30,10 +32,12 @@ def load_folder(folder: str | Path, progress: Progress | None = None) -> tuple[A
     checkpoint = SafetensorsCheckpoint(folder)
     arch.check(cfg, checkpoint.shapes, str(folder))
     names = [n for n in checkpoint.shapes if n in arch.tensors(cfg) or n == "lm_head.weight"]
-    return arch, cfg, Transformer(arch, cfg, checkpoint.load(names, progress=progress))
+    return arch, cfg, Transformer(arch, cfg, checkpoint.load(names, progress=progress), quant)
 
 
-def load_gguf(path: str | Path, progress: Progress | None = None) -> tuple[Architecture, ModelConfig, Transformer, Any]:
+def load_gguf(
+    path: str | Path, progress: Progress | None = None, quant: str = "fp32"
+) -> tuple[Architecture, ModelConfig, Transformer, Any]:
     """Load a ``.gguf`` file, dequantized to fp32, with the tokenizer it carries."""
     from . import tokenizer
 
@@ -44,5 +48,5 @@ def load_gguf(path: str | Path, progress: Progress | None = None) -> tuple[Archi
     cfg = checkpoint.config
     arch = architecture_for(cfg.model_type)
     arch.check(cfg, checkpoint.shapes, str(path))
-    model = Transformer(arch, cfg, checkpoint.load(list(checkpoint.shapes), progress=progress))
+    model = Transformer(arch, cfg, checkpoint.load(list(checkpoint.shapes), progress=progress), quant)
     return arch, cfg, model, tokenizer.from_gguf(checkpoint.reader.fields, str(path))

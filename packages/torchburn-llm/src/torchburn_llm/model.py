@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from .architectures import Architecture
 from .config import ModelConfig
 from .errors import ContextLengthError
+from .linear import Linear
 from .rope import cos_sin, inverse_frequencies, rotate
 
 
@@ -46,22 +47,15 @@ class KVCache:
 class _Layer:
     ln_attn: torch.Tensor
     ln_mlp: torch.Tensor
-    wq: torch.Tensor
-    wk: torch.Tensor
-    wv: torch.Tensor
-    wo: torch.Tensor
-    bq: torch.Tensor | None
-    bk: torch.Tensor | None
-    bv: torch.Tensor | None
-    bo: torch.Tensor | None
+    q: Linear
+    k: Linear
+    v: Linear
+    o: Linear
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    gate: torch.Tensor
-    up: torch.Tensor
-    down: torch.Tensor
-    gate_b: torch.Tensor | None
-    up_b: torch.Tensor | None
-    down_b: torch.Tensor | None
+    gate: Linear
+    up: Linear
+    down: Linear
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -71,15 +65,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 class Transformer:
     """fp32 weights held as torch tensors; the forward pass is plain tensor code (the reference path)."""
 
-    def __init__(self, arch: Architecture, cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> None:
-        self.arch, self.cfg = arch, cfg
+    def __init__(
+        self, arch: Architecture, cfg: ModelConfig, tensors: dict[str, torch.Tensor], quant: str = "fp32"
+    ) -> None:
+        self.arch, self.cfg, self.quant = arch, cfg, quant
         self.embed = tensors["model.embed_tokens.weight"]  # [V, H]
         self.norm = tensors["model.norm.weight"]
-        self.lm_head = self.embed if cfg.tie_embeddings else tensors["lm_head.weight"]
+        # int4 keeps the output projection at 8 bits: it decides every token, and is cheap next to the layers
+        head_quant = "int8" if quant == "int4" else quant
+        head = self.embed if cfg.tie_embeddings else tensors["lm_head.weight"]
+        self.lm_head = Linear(head, None, head_quant)
         self.inv_freq = inverse_frequencies(cfg)
 
-        def opt(name: str) -> torch.Tensor | None:
-            return tensors.get(name)
+        def linear(name: str) -> Linear:
+            return Linear(tensors[name + ".weight"], tensors.get(name + ".bias"), quant)
 
         self.layers = []
         for i in range(cfg.num_layers):
@@ -89,24 +88,27 @@ class Transformer:
                 _Layer(
                     tensors[p + "input_layernorm.weight"],
                     tensors[p + "post_attention_layernorm.weight"],
-                    tensors[a + "q_proj.weight"],
-                    tensors[a + "k_proj.weight"],
-                    tensors[a + "v_proj.weight"],
-                    tensors[a + "o_proj.weight"],
-                    opt(a + "q_proj.bias"),
-                    opt(a + "k_proj.bias"),
-                    opt(a + "v_proj.bias"),
-                    opt(a + "o_proj.bias"),
-                    opt(a + "q_norm.weight"),
-                    opt(a + "k_norm.weight"),
-                    tensors[m + "gate_proj.weight"],
-                    tensors[m + "up_proj.weight"],
-                    tensors[m + "down_proj.weight"],
-                    opt(m + "gate_proj.bias"),
-                    opt(m + "up_proj.bias"),
-                    opt(m + "down_proj.bias"),
+                    linear(a + "q_proj"),
+                    linear(a + "k_proj"),
+                    linear(a + "v_proj"),
+                    linear(a + "o_proj"),
+                    tensors.get(a + "q_norm.weight"),
+                    tensors.get(a + "k_norm.weight"),
+                    linear(m + "gate_proj"),
+                    linear(m + "up_proj"),
+                    linear(m + "down_proj"),
                 )
             )
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the weights one token's forward pass reads (the embedding row aside)."""
+        per_layer = sum(
+            lin.nbytes
+            for layer in self.layers
+            for lin in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down)
+        )
+        return per_layer + self.lm_head.nbytes
 
     def new_cache(self, capacity: int | None = None) -> KVCache:
         return KVCache(self.cfg, capacity or self.cfg.max_position)
@@ -129,7 +131,7 @@ class Transformer:
             x = x + self._attention(li, layer, rms_norm(x, layer.ln_attn, self.cfg.rms_eps), cos, sin, mask, cache)
             x = x + self._mlp(layer, rms_norm(x, layer.ln_mlp, self.cfg.rms_eps))
         cache.length = start + t
-        return F.linear(rms_norm(x, self.norm, self.cfg.rms_eps), self.lm_head)  # [T, V]
+        return self.lm_head(rms_norm(x, self.norm, self.cfg.rms_eps))  # [T, V]
 
     def _mask(self, positions: torch.Tensor, length: int) -> torch.Tensor:
         """Additive mask [T, S]: a query sees keys at or before its position (within the window)."""
@@ -152,9 +154,9 @@ class Transformer:
         cfg = self.cfg
         t, d, kvh = x.shape[0], cfg.head_dim, cfg.num_kv_heads
         group = cfg.num_heads // kvh
-        q = F.linear(x, w.wq, w.bq).view(t, cfg.num_heads, d).transpose(0, 1)  # [Hq, T, D]
-        k = F.linear(x, w.wk, w.bk).view(t, kvh, d).transpose(0, 1)  # [KVH, T, D]
-        v = F.linear(x, w.wv, w.bv).view(t, kvh, d).transpose(0, 1)
+        q = w.q(x).view(t, cfg.num_heads, d).transpose(0, 1)  # [Hq, T, D]
+        k = w.k(x).view(t, kvh, d).transpose(0, 1)  # [KVH, T, D]
+        v = w.v(x).view(t, kvh, d).transpose(0, 1)
         if w.q_norm is not None and w.k_norm is not None:
             q, k = rms_norm(q, w.q_norm, cfg.rms_eps), rms_norm(k, w.k_norm, cfg.rms_eps)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
@@ -168,7 +170,7 @@ class Transformer:
         scores = scores.view(kvh, group, t, -1) + mask  # [KVH, G, T, S]
         out = torch.softmax(scores, dim=-1) @ values[:, None]  # [KVH, G, T, D]
         out = out.reshape(cfg.num_heads, t, d).transpose(0, 1).reshape(t, cfg.num_heads * d)  # [T, Hq·D]
-        return F.linear(out, w.wo, w.bo)
+        return w.o(out)
 
     def _mlp(self, w: _Layer, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(F.silu(F.linear(x, w.gate, w.gate_b)) * F.linear(x, w.up, w.up_b), w.down, w.down_b)
+        return w.down(F.silu(w.gate(x)) * w.up(x))

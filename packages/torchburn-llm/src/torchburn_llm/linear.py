@@ -1,0 +1,52 @@
+"""The model's matrix products: fp32 through torch, or int8 / int4 weights through the native
+engine's quantized kernels (activations quantized per block of 32, integer dot products)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+QUANTS = ("fp32", "int8", "int4")
+
+
+class Linear:
+    """``y = x @ W.T + b`` for ``x`` [..., K], ``W`` [N, K]."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, quant: str = "fp32") -> None:
+        if quant not in QUANTS:
+            raise ValueError(f"quant={quant!r} is not one of {', '.join(QUANTS)}")
+        self.out_features, self.in_features = weight.shape
+        self.bias = bias
+        self.quant = quant
+        self.weight: torch.Tensor | None = None
+        self.packed: Any = None
+        if quant == "fp32":
+            self.weight = weight
+        else:
+            from torchburn_native import _native
+            from torchburn_native.engine import ensure_threads
+
+            # the kernels run on PyTorch's OpenMP team (or a pool of the same size): two spinning
+            # pools on the same cores would slow both
+            ensure_threads()
+            w = weight.float().contiguous()
+            self.packed = _native.QMatrix.quantize(w.data_ptr(), self.out_features, self.in_features, quant)
+
+    @property
+    def nbytes(self) -> int:
+        if self.packed is not None:
+            return int(self.packed.nbytes)
+        assert self.weight is not None
+        return self.weight.numel() * self.weight.element_size()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            assert self.weight is not None
+            return F.linear(x, self.weight, self.bias)
+        x = x.float().contiguous()
+        rows = x.numel() // self.in_features
+        out = torch.empty(*x.shape[:-1], self.out_features)
+        self.packed.matmul(x.data_ptr(), rows, out.data_ptr())
+        return out if self.bias is None else out + self.bias
