@@ -164,7 +164,7 @@ struct QMatrix {
 #[pymethods]
 impl QMatrix {
     /// Quantizes the contiguous f32 matrix at `ptr` (`n·k` values): `kind` is "int8" (per row) or
-    /// "int4" (blocks of 32 with scale and offset).
+    /// "int8-blocks" (blocks of 32 with a scale each) or "int4" (blocks of 32 with scale and offset).
     #[staticmethod]
     fn quantize(py: Python<'_>, ptr: usize, n: usize, k: usize, kind: &str) -> PyResult<Self> {
         use crate::kernels::quant::{QMatrix as Q, BLOCK};
@@ -180,10 +180,11 @@ impl QMatrix {
         let w = unsafe { std::slice::from_raw_parts(ptr as *const f32, n * k) };
         let inner = match kind {
             "int8" => py.detach(|| Q::quantize_q8(w, n, k)),
+            "int8-blocks" => py.detach(|| Q::quantize_q8_blocks(w, n, k)),
             "int4" => py.detach(|| Q::quantize_q4(w, n, k)),
             other => {
                 return Err(PyValueError::new_err(format!(
-                    "quantization kind {other:?} is not one of \"int8\", \"int4\""
+                    "quantization kind {other:?} is not one of \"int8\", \"int8-blocks\", \"int4\""
                 )))
             }
         };
@@ -220,6 +221,7 @@ impl QMatrix {
     fn kind(&self) -> &'static str {
         match self.inner.w {
             crate::kernels::quant::QWeights::Q8 { .. } => "int8",
+            crate::kernels::quant::QWeights::Q8B { .. } => "int8-blocks",
             crate::kernels::quant::QWeights::Q4 { .. } => "int4",
         }
     }
@@ -227,12 +229,7 @@ impl QMatrix {
     /// Bytes the quantized weights take.
     #[getter]
     fn nbytes(&self) -> usize {
-        match &self.inner.w {
-            crate::kernels::quant::QWeights::Q8 { q, scale } => q.len() + scale.len() * 4,
-            crate::kernels::quant::QWeights::Q4 { nibbles, d, m } => {
-                nibbles.len() + (d.len() + m.len()) * 4
-            }
-        }
+        self.inner.nbytes()
     }
 }
 

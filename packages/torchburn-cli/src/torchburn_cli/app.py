@@ -139,6 +139,24 @@ def benchmark(
         print(r.row())
 
 
+def accuracy(
+    model: ModelOpt = None,
+    tokens: Annotated[int, typer.Option("--tokens", "-t", min=64, help="Length of the evaluation text")] = 2048,
+    quant: Annotated[list[str] | None, typer.Option("--quant", "-q", help="Formats to compare with fp32")] = None,
+) -> None:
+    """Top-1 agreement and perplexity of quantized weights against fp32, teacher-forced on a long text."""
+    from torchburn_llm import accuracy as acc
+
+    reference = _load(model, "fp32", "cpu")
+    ids = reference.encode(acc.evaluation_text())[:tokens]
+    if len(ids) < tokens:
+        raise ValueError(f"the evaluation text has only {len(ids)} tokens")
+    rows = [acc.compare(reference, _load(model, q, "cpu"), ids) for q in (quant or ["int8", "int4"])]
+    print(acc.HEADER)
+    for r in rows:
+        print(r.row())
+
+
 def info() -> None:
     """Engines, the CPU's SIMD level and thread counts."""
     import torch
@@ -184,7 +202,7 @@ def cache_clear() -> None:
     print("cache cleared")
 
 
-for command in (generate, chat, benchmark):
+for command in (generate, chat, benchmark, accuracy):
     app.command()(command)
     llm_app.command()(command)
 app.command()(info)

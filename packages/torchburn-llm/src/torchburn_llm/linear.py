@@ -9,14 +9,16 @@ import torch
 import torch.nn.functional as F
 
 QUANTS = ("fp32", "int8", "int4")
+# formats a Linear accepts: the user-facing ones, plus int8 in blocks of 32 (the output projection's)
+FORMATS = (*QUANTS, "int8-blocks")
 
 
 class Linear:
     """``y = x @ W.T + b`` for ``x`` [..., K], ``W`` [N, K]."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, quant: str = "fp32") -> None:
-        if quant not in QUANTS:
-            raise ValueError(f"quant={quant!r} is not one of {', '.join(QUANTS)}")
+        if quant not in FORMATS:
+            raise ValueError(f"quant={quant!r} is not one of {', '.join(FORMATS)}")
         self.out_features, self.in_features = weight.shape
         self.bias = bias
         self.quant = quant

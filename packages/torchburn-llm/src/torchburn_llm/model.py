@@ -71,8 +71,9 @@ class Transformer:
         self.arch, self.cfg, self.quant = arch, cfg, quant
         self.embed = tensors["model.embed_tokens.weight"]  # [V, H]
         self.norm = tensors["model.norm.weight"]
-        # int4 keeps the output projection at 8 bits: it decides every token, and is cheap next to the layers
-        head_quant = "int8" if quant == "int4" else quant
+        # the output projection (often the tied embedding) is int8 in blocks of 32 under int8 and int4:
+        # its rows span a wide range, it decides every token, and GGUF files store it that way
+        head_quant = "fp32" if quant == "fp32" else "int8-blocks"
         head = self.embed if cfg.tie_embeddings else tensors["lm_head.weight"]
         self.lm_head = Linear(head, None, head_quant)
         self.inv_freq = inverse_frequencies(cfg)

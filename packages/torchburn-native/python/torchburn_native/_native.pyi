@@ -32,7 +32,8 @@ class FastCall:
     def __call__(self, *args: Any) -> tuple[Any, ...] | None: ...
 
 class QMatrix:
-    """A weight matrix [n, k] quantized to int8 (per row) or int4 (blocks of 32) for the LLM runtime."""
+    """A weight matrix [n, k] quantized for the LLM runtime: kind "int8" (per row), "int8-blocks" or
+    "int4" (blocks of 32)."""
 
     @staticmethod
     def quantize(ptr: int, n: int, k: int, kind: str) -> QMatrix: ...
