@@ -137,6 +137,7 @@ def benchmark(
     print(bench.HEADER)
     for r in rows:
         print(r.row())
+    print(bench.ceiling_line(llm, rows[0].decode_tok_s))
 
 
 def accuracy(

@@ -77,6 +77,29 @@ def measure_transformers(model: Any, name: str, ids: list[int], new_tokens: int)
     return Speed(name, len(ids), new_tokens, len(ids) / (t1 - t0), (new_tokens - 1) / (t2 - t1), (t1 - t0) * 1e3)
 
 
+def copy_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
+    """Bytes per second a tensor copy moves (read + write), best of ``repeats``: the memory ceiling."""
+    src = torch.ones(megabytes * 2**20 // 4)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.numel() * 4 / best
+
+
+def ceiling_line(llm: LLM, decode_tok_s: float) -> str:
+    """Decode speed against the memory-bandwidth bound: every token reads all weights once."""
+    per_token = llm.model.weight_bytes
+    bandwidth = copy_bandwidth()
+    ceiling = bandwidth / per_token
+    return (
+        f"weights read per token {per_token / 1e6:.0f} MB; copy bandwidth {bandwidth / 1e9:.1f} GB/s -> "
+        f"ceiling {ceiling:.0f} tok/s; decode is at {100 * decode_tok_s / ceiling:.0f}% of it"
+    )
+
+
 def load_transformers(path: Path) -> Any:
     import transformers
 
