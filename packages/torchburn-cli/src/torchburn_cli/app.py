@@ -23,7 +23,7 @@ ModelOpt = Annotated[
     typer.Option(
         "--model",
         "-m",
-        help="A Hugging Face checkpoint folder or a .gguf file [default: the embedded SmolLM2-135M-Instruct]",
+        help="A checkpoint folder, a .gguf file or a Hub id (org/name, from the HF cache or downloaded) [default: the embedded SmolLM2-135M-Instruct]",
     ),
 ]
 QuantOpt = Annotated[

@@ -10,11 +10,12 @@ from typing import Any, TextIO
 
 import torch
 
-from . import chat_template
+from . import chat_template, hub
 from .architectures import Architecture
 from .config import ModelConfig
 from .default_model import default_model_path
 from .errors import ContextLengthError, ModelLoadError
+from .hub import looks_like_repo_id
 from .linear import QUANTS
 from .loader import Progress, load_folder, load_gguf
 from .model import KVCache, Transformer
@@ -76,14 +77,23 @@ class LLM:
         quant: str = "fp32",
         device: str = "cpu",
         progress: Progress | None = None,
+        *,
+        revision: str | None = None,
+        token: str | bool | None = None,
     ) -> LLM:
-        """Load a local Hugging Face checkpoint folder or a ``.gguf`` file; with no path, the embedded
-        SmolLM2-135M-Instruct. ``progress(done, total)`` is called as tensors load."""
+        """Load a local Hugging Face checkpoint folder, a ``.gguf`` file, or a Hub id such as
+        ``"HuggingFaceTB/SmolLM2-135M-Instruct"`` (from the Hugging Face cache, or downloaded; ``revision``
+        and ``token`` as huggingface_hub takes them); with no path, the embedded SmolLM2-135M-Instruct.
+        ``progress(done, total)`` is called as tensors load."""
         if quant not in QUANTS:
             raise ValueError(f"quant={quant!r} is not available; choose one of {', '.join(QUANTS)}")
         if device not in ("cpu", "auto"):
             raise ValueError(f"device={device!r} is not available; the LLM runtime runs on 'cpu' (or 'auto')")
-        path = default_model_path() if path is None else Path(path)
+        if path is None:
+            path = default_model_path()
+        elif not Path(path).exists() and looks_like_repo_id(str(path)):
+            path = hub.resolve(str(path), revision=revision, token=token)
+        path = Path(path)
         if path.suffix == ".gguf":
             arch, cfg, model, tokenizer = load_gguf(path, progress, quant)
             return cls(arch, cfg, model, tokenizer, _gguf_template(path))
