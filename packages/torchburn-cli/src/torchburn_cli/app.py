@@ -23,7 +23,10 @@ ModelOpt = Annotated[
     typer.Option(
         "--model",
         "-m",
-        help="A checkpoint folder, a .gguf file or a Hub id (org/name, from the HF cache or downloaded) [default: the embedded SmolLM2-135M-Instruct]",
+        help=(
+            "A checkpoint folder, a .gguf file or a Hub id (org/name: the HF cache, else downloaded) "
+            "[default: the embedded SmolLM2-135M-Instruct]"
+        ),
     ),
 ]
 QuantOpt = Annotated[
