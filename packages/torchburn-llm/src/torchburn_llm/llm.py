@@ -95,8 +95,8 @@ class LLM:
             path = hub.resolve(str(path), revision=revision, token=token)
         path = Path(path)
         if path.suffix == ".gguf":
-            arch, cfg, model, tokenizer = load_gguf(path, progress, quant)
-            return cls(arch, cfg, model, tokenizer, _gguf_template(path))
+            arch, cfg, model, (tokenizer, template) = load_gguf(path, progress, quant)
+            return cls(arch, cfg, model, tokenizer, template)
         arch, cfg, model = load_folder(path, progress, quant)
         defaults, eos = _generation_config(path, cfg)
         return cls(arch, cfg, model, tokenizer_from_folder(path), chat_template.from_folder(path), defaults, eos)
@@ -231,13 +231,6 @@ class LLM:
                 reply.append(piece)
             stdout.write("\n")
             messages.append({"role": "assistant", "content": "".join(reply)})
-
-
-def _gguf_template(path: Path) -> str | None:
-    from gguf import GGUFReader
-
-    field = GGUFReader(str(path)).fields.get("tokenizer.chat_template")
-    return None if field is None else str(field.contents())
 
 
 def _generation_config(folder: Path, cfg: ModelConfig) -> tuple[SamplingParams, tuple[int, ...]]:

@@ -38,7 +38,8 @@ def load_folder(
 def load_gguf(
     path: str | Path, progress: Progress | None = None, quant: str = "fp32"
 ) -> tuple[Architecture, ModelConfig, Transformer, Any]:
-    """Load a ``.gguf`` file, dequantized to fp32, with the tokenizer it carries."""
+    """Load a ``.gguf`` file, dequantized to fp32, with the tokenizer and chat template it carries
+    (as a pair: the file's metadata is parsed once, which is most of a small model's load time)."""
     from . import tokenizer
 
     path = Path(path)
@@ -49,4 +50,4 @@ def load_gguf(
     arch = architecture_for(cfg.model_type)
     arch.check(cfg, checkpoint.shapes, str(path))
     model = Transformer(arch, cfg, checkpoint.load(list(checkpoint.shapes), progress=progress), quant)
-    return arch, cfg, model, tokenizer.from_gguf(checkpoint.reader.fields, str(path))
+    return arch, cfg, model, (tokenizer.from_gguf(checkpoint.reader.fields, str(path)), checkpoint.chat_template())
