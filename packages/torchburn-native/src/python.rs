@@ -197,16 +197,15 @@ impl QMatrix {
             return Err(PyValueError::new_err("matmul needs non-null buffers"));
         }
         let (n, k) = (self.inner.n, self.inner.k);
-        // SAFETY: the caller passes live contiguous f32 tensors of rows·k and rows·n elements
-        let (xs, os) = unsafe {
-            (
-                std::slice::from_raw_parts(x as *const f32, rows * k),
-                std::slice::from_raw_parts_mut(out as *mut f32, rows * n),
-            )
-        };
-        let (xs, os) = (threads_ptr(xs), threads_ptr_mut(os));
+        // addresses cross into the GIL-free closure as integers (Send); the slices are rebuilt there
         py.detach(move || {
-            let (xs, os) = (xs.get(), os.get());
+            // SAFETY: the caller passes live contiguous f32 tensors of rows·k and rows·n elements
+            let (xs, os) = unsafe {
+                (
+                    std::slice::from_raw_parts(x as *const f32, rows * k),
+                    std::slice::from_raw_parts_mut(out as *mut f32, rows * n),
+                )
+            };
             self.inner.matmul(xs, rows, os)
         });
         Ok(())
@@ -231,32 +230,6 @@ impl QMatrix {
     fn nbytes(&self) -> usize {
         self.inner.nbytes()
     }
-}
-
-/// Slices carried into a closure that runs without the GIL (they point into tensors the caller keeps alive).
-struct SliceRef(*const f32, usize);
-struct SliceMut(*mut f32, usize);
-// SAFETY: the memory outlives the call that uses it and is only read (SliceRef) or written by this call
-unsafe impl Send for SliceRef {}
-unsafe impl Send for SliceMut {}
-impl SliceRef {
-    fn get<'a>(&self) -> &'a [f32] {
-        // SAFETY: see the type's comment
-        unsafe { std::slice::from_raw_parts(self.0, self.1) }
-    }
-}
-impl SliceMut {
-    #[allow(clippy::mut_from_ref)]
-    fn get<'a>(&self) -> &'a mut [f32] {
-        // SAFETY: see the type's comment
-        unsafe { std::slice::from_raw_parts_mut(self.0, self.1) }
-    }
-}
-fn threads_ptr(s: &[f32]) -> SliceRef {
-    SliceRef(s.as_ptr(), s.len())
-}
-fn threads_ptr_mut(s: &mut [f32]) -> SliceMut {
-    SliceMut(s.as_mut_ptr(), s.len())
 }
 
 /// Sizes the worker pool; only the first call takes effect.
