@@ -1,5 +1,6 @@
 """Parity with ``transformers`` in fp32 on tiny random models of every registered family: the same
-logits for a prompt, and the same 32-token greedy continuation through the KV cache."""
+logits for a prompt, for every decode step of the native decoder, and the same 32-token greedy
+continuation through the KV cache."""
 
 from __future__ import annotations
 
@@ -48,9 +49,9 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def _tiny(tmp_path: Path, family: str) -> tuple[Any, Path]:
+def _tiny(tmp_path: Path, family: str, **overrides: Any) -> tuple[Any, Path]:
     config_cls, extra = FAMILIES[family]
-    config = getattr(transformers, config_cls)(**COMMON, **extra)
+    config = getattr(transformers, config_cls)(**{**COMMON, **extra, **overrides})
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     with torch.no_grad():  # larger than the default init, so logits are far from ties
@@ -79,3 +80,37 @@ def test_logits_and_greedy_continuation_match_transformers(tmp_path: Path, famil
         )[0, len(prompt) :].tolist()
     llm.config = llm.config.__class__(**{**llm.config.__dict__, "eos_token_ids": ()})  # 32 tokens, no early stop
     assert llm.generate_ids(prompt.tolist(), max_new_tokens=32) == ref_ids
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_native_decode_steps_match_transformers(tmp_path: Path, family: str) -> None:
+    reference, folder = _tiny(tmp_path, family)
+    llm = LLM.from_pretrained(folder)
+    ids = torch.randint(3, COMMON["vocab_size"], (28,), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = reference(ids[None]).logits[0]  # [28, V]
+    model = llm.model
+    cache = model.new_cache(64)
+    model.forward(ids[:4], cache)  # prefill, then one native step per token (past Mistral's window of 8)
+    got = torch.cat([model.forward(ids[i : i + 1], cache) for i in range(4, 28)])
+    assert model.native_steps == 24
+    torch.testing.assert_close(got, want[4:], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+@pytest.mark.parametrize("family", ["llama_attention_bias", "qwen3"])
+def test_native_decode_of_quantized_weights_matches_the_tensor_path(tmp_path: Path, family: str, quant: str) -> None:
+    _, folder = _tiny(tmp_path, family, intermediate_size=96)  # quantized rows are whole blocks of 32
+    model = LLM.from_pretrained(folder, quant=quant).model
+    ids = torch.randint(3, COMMON["vocab_size"], (20,), generator=torch.Generator().manual_seed(3))
+    steps = []
+    for native in (True, False):
+        model.native_decode = native
+        cache = model.new_cache(32)
+        model.forward(ids[:4], cache)
+        steps.append(torch.cat([model.forward(ids[i : i + 1], cache) for i in range(4, 20)]))
+    assert model.native_steps == 16
+    # the same quantized kernels on both paths; only the order of f32 sums differs, which can move an
+    # activation across a rounding step: one int8 step of a block (int4's activations) moves more
+    scale = float(steps[1].abs().max())
+    torch.testing.assert_close(steps[0], steps[1], rtol=0, atol=(1e-4 if quant == "int8" else 3e-3) * scale)

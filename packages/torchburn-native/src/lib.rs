@@ -8,6 +8,7 @@
 //! `"x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma"`, then `"x86_64+avx2+fma"`, then `"aarch64+neon"`;
 //! the wheel itself is built for the portable baseline.
 
+pub mod decoder;
 pub mod kernels;
 pub mod plan;
 pub mod program;

@@ -158,7 +158,8 @@ impl FastCall {
 /// A weight matrix `[n, k]` quantized for the LLM runtime (see `kernels::quant`).
 #[pyclass(frozen, module = "torchburn_native._native")]
 struct QMatrix {
-    inner: crate::kernels::quant::QMatrix,
+    /// shared with the decoders built on it
+    inner: std::sync::Arc<crate::kernels::quant::QMatrix>,
 }
 
 #[pymethods]
@@ -188,7 +189,9 @@ impl QMatrix {
                 )))
             }
         };
-        Ok(QMatrix { inner })
+        Ok(QMatrix {
+            inner: std::sync::Arc::new(inner),
+        })
     }
 
     /// `out[rows, n] = x[rows, k] @ W.T` for contiguous f32 buffers at `x` and `out`.
@@ -229,6 +232,157 @@ impl QMatrix {
     #[getter]
     fn nbytes(&self) -> usize {
         self.inner.nbytes()
+    }
+}
+
+/// A projection of the decoder from Python: `(weight, bias address or 0)`, the weight a [`QMatrix`]
+/// or `(address, n, k)` of a row-major f32 matrix.
+fn projection(obj: &Bound<'_, PyAny>) -> PyResult<crate::decoder::Projection> {
+    use crate::decoder::{Projection, Weight};
+    let (w, bias): (Bound<'_, PyAny>, usize) = obj.extract()?;
+    let w = if let Ok(q) = w.extract::<Py<QMatrix>>() {
+        Weight::Quant(q.get().inner.clone())
+    } else {
+        let (ptr, n, k): (usize, usize, usize) = w.extract()?;
+        if ptr == 0 {
+            return Err(PyValueError::new_err(
+                "a projection's weight address is null",
+            ));
+        }
+        Weight::F32 { ptr, n, k }
+    };
+    Ok(Projection {
+        w,
+        bias: (bias != 0).then_some(bias),
+    })
+}
+
+/// The decode step of a Llama-family model (see `decoder.rs`): one call per generated token.
+///
+/// It holds the addresses of f32 tensors (embedding, norms, f32 weights, biases): the Python object
+/// that builds it keeps those tensors alive and unchanged for as long as it exists.
+#[pyclass(frozen, module = "torchburn_native._native")]
+struct Decoder {
+    inner: crate::decoder::Decoder,
+}
+
+#[pymethods]
+impl Decoder {
+    /// `dims`: (hidden, heads, kv_heads, head_dim, vocab, eps, sliding window or None); `layers`:
+    /// tuples (ln_attn, ln_mlp, q_norm or 0, k_norm or 0, q, k, v, o, gate, up, down) of addresses
+    /// and projections.
+    #[new]
+    #[allow(clippy::type_complexity)]
+    fn new(
+        dims: (usize, usize, usize, usize, usize, f32, Option<usize>),
+        embed: usize,
+        norm: usize,
+        head: &Bound<'_, PyAny>,
+        layers: Vec<Bound<'_, PyTuple>>,
+    ) -> PyResult<Self> {
+        let (hidden, heads, kv_heads, head_dim, vocab, eps, window) = dims;
+        let nonzero = |a: usize, what: &str| {
+            if a == 0 {
+                Err(PyValueError::new_err(format!("the {what} address is null")))
+            } else {
+                Ok(a)
+            }
+        };
+        let mut parsed = Vec::with_capacity(layers.len());
+        for l in &layers {
+            if l.len() != 11 {
+                return Err(PyValueError::new_err(format!(
+                    "a decoder layer is 11 entries, got {}",
+                    l.len()
+                )));
+            }
+            let addr = |i: usize| -> PyResult<usize> { l.get_item(i)?.extract() };
+            let proj = |i: usize| projection(&l.get_item(i)?);
+            parsed.push(crate::decoder::Layer {
+                ln_attn: nonzero(addr(0)?, "input norm")?,
+                ln_mlp: nonzero(addr(1)?, "MLP norm")?,
+                q_norm: Some(addr(2)?).filter(|&a| a != 0),
+                k_norm: Some(addr(3)?).filter(|&a| a != 0),
+                q: proj(4)?,
+                k: proj(5)?,
+                v: proj(6)?,
+                o: proj(7)?,
+                gate: proj(8)?,
+                up: proj(9)?,
+                down: proj(10)?,
+            });
+        }
+        let inner = crate::decoder::Decoder {
+            dims: crate::decoder::Dims {
+                hidden,
+                heads,
+                kv_heads,
+                head_dim,
+                vocab,
+                eps,
+                window,
+            },
+            embed: nonzero(embed, "embedding")?,
+            norm: nonzero(norm, "final norm")?,
+            head: projection(head)?,
+            layers: parsed,
+        };
+        inner.validate().map_err(PyValueError::new_err)?;
+        Ok(Decoder { inner })
+    }
+
+    /// Runs `token` at position `pos`: its keys and values go to the caches (f32
+    /// `[layers, kv_heads, capacity, head_dim]` at `keys` / `values`), its logits (`vocab` f32) to
+    /// `logits`; `cos` / `sin` hold the position's rotary tables (`head_dim` f32 each).
+    #[allow(clippy::too_many_arguments)]
+    fn step(
+        &self,
+        py: Python<'_>,
+        token: usize,
+        pos: usize,
+        keys: usize,
+        values: usize,
+        capacity: usize,
+        cos: usize,
+        sin: usize,
+        logits: usize,
+    ) -> PyResult<()> {
+        let d = self.inner.dims;
+        if token >= d.vocab {
+            return Err(PyIndexError::new_err(format!(
+                "token id {token} is out of bounds for a vocabulary of {}",
+                d.vocab
+            )));
+        }
+        if pos >= capacity {
+            return Err(PyIndexError::new_err(format!(
+                "position {pos} is out of bounds for a KV cache of {capacity} positions"
+            )));
+        }
+        if [keys, values, cos, sin, logits].contains(&0) {
+            return Err(PyValueError::new_err(
+                "decoder step buffers must be non-null",
+            ));
+        }
+        py.detach(move || {
+            let io = crate::decoder::StepIo {
+                keys: keys as *mut f32,
+                values: values as *mut f32,
+                capacity,
+                cos: cos as *const f32,
+                sin: sin as *const f32,
+                logits: logits as *mut f32,
+            };
+            // SAFETY: the caller passes live buffers of the documented sizes; the weights' owner keeps
+            // them alive (see the class docs)
+            unsafe { self.inner.step(token, pos, &io) }
+        });
+        Ok(())
+    }
+
+    #[getter]
+    fn num_layers(&self) -> usize {
+        self.inner.layers.len()
     }
 }
 
@@ -290,6 +444,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Program>()?;
     m.add_class::<FastCall>()?;
     m.add_class::<QMatrix>()?;
+    m.add_class::<Decoder>()?;
     m.add_function(wrap_pyfunction!(init_threads, m)?)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(share_openmp, m)?)?;

@@ -43,6 +43,20 @@ class Linear:
         assert self.weight is not None
         return self.weight.numel() * self.weight.element_size()
 
+    def native_projection(self, keep: list[torch.Tensor]) -> tuple[Any, int]:
+        """This projection as the native decoder takes it; tensors it refers to by address join ``keep``."""
+
+        def address(t: torch.Tensor) -> int:
+            t = t.detach().float().contiguous()
+            keep.append(t)
+            return int(t.data_ptr())
+
+        bias = 0 if self.bias is None else address(self.bias)
+        if self.packed is not None:
+            return self.packed, bias
+        assert self.weight is not None
+        return (address(self.weight), self.out_features, self.in_features), bias
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
             assert self.weight is not None

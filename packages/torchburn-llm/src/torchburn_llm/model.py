@@ -2,11 +2,14 @@
 
 One sequence at a time. ``forward(ids)`` runs the new tokens [T] through every layer at the positions
 after those already cached (prefill: T = the prompt; decode: T = 1) and returns their logits [T, vocab].
+Prefill is tensor code over GEMMs; a decode step is one call into the native engine's decoder, which
+runs every layer on the same weights and KV cache (``native_decode=False`` keeps it in tensor code).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -77,6 +80,10 @@ class Transformer:
         head = self.embed if cfg.tie_embeddings else tensors["lm_head.weight"]
         self.lm_head = Linear(head, None, head_quant)
         self.inv_freq = inverse_frequencies(cfg)
+        self.native_decode = True
+        self.native_steps = 0  # decode steps run by the native decoder
+        self._decoder: Any = None
+        self._decoder_tensors: list[torch.Tensor] = []  # what the decoder holds addresses of
 
         def linear(name: str) -> Linear:
             return Linear(tensors[name + ".weight"], tensors.get(name + ".bias"), quant)
@@ -124,6 +131,8 @@ class Transformer:
         if int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size:
             raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size}), got {ids.min()}..{ids.max()}")
         start = cache.length
+        if t == 1 and self.native_decode:
+            return self._decode_step(int(ids[0]), cache)
         positions = torch.arange(start, start + t)
         cos, sin = cos_sin(self.inv_freq, positions)  # [T, D]
         mask = self._mask(positions, start + t)  # [T, S]
@@ -133,6 +142,76 @@ class Transformer:
             x = x + self._mlp(layer, rms_norm(x, layer.ln_mlp, self.cfg.rms_eps))
         cache.length = start + t
         return self.lm_head(rms_norm(x, self.norm, self.cfg.rms_eps))  # [T, V]
+
+    def _decode_step(self, token: int, cache: KVCache) -> torch.Tensor:
+        """Logits [1, V] of one token at the next position, in one native call."""
+        pos = cache.length
+        cos, sin = cos_sin(self.inv_freq, torch.tensor([pos]))  # [1, D] each
+        logits = torch.empty(1, self.cfg.vocab_size)
+        self.native_decoder().step(
+            token,
+            pos,
+            cache.keys.data_ptr(),
+            cache.values.data_ptr(),
+            cache.capacity,
+            cos.data_ptr(),
+            sin.data_ptr(),
+            logits.data_ptr(),
+        )
+        cache.length = pos + 1
+        self.native_steps += 1
+        return logits
+
+    def native_decoder(self) -> Any:
+        """The native engine's decoder over this model's weights, built on first use."""
+        if self._decoder is None:
+            from torchburn_native import _native
+            from torchburn_native.engine import ensure_threads
+
+            ensure_threads()
+            keep: list[torch.Tensor] = []
+
+            def address(t: torch.Tensor | None) -> int:
+                if t is None:
+                    return 0
+                t = t.detach().float().contiguous()
+                keep.append(t)
+                return int(t.data_ptr())
+
+            cfg = self.cfg
+            dims = (
+                cfg.hidden_size,
+                cfg.num_heads,
+                cfg.num_kv_heads,
+                cfg.head_dim,
+                cfg.vocab_size,
+                float(cfg.rms_eps),
+                cfg.sliding_window,
+            )
+
+            def projection(lin: Linear) -> Any:
+                return lin.native_projection(keep)
+
+            layers = [
+                (
+                    address(w.ln_attn),
+                    address(w.ln_mlp),
+                    address(w.q_norm),
+                    address(w.k_norm),
+                    projection(w.q),
+                    projection(w.k),
+                    projection(w.v),
+                    projection(w.o),
+                    projection(w.gate),
+                    projection(w.up),
+                    projection(w.down),
+                )
+                for w in self.layers
+            ]
+            head = self.lm_head.native_projection(keep)
+            self._decoder = _native.Decoder(dims, address(self.embed), address(self.norm), head, layers)
+            self._decoder_tensors = keep
+        return self._decoder
 
     def _mask(self, positions: torch.Tensor, length: int) -> torch.Tensor:
         """Additive mask [T, S]: a query sees keys at or before its position (within the window)."""

@@ -45,6 +45,33 @@ class QMatrix:
     @property
     def nbytes(self) -> int: ...
 
+# a projection: (QMatrix or (address, n, k) of a row-major f32 matrix, bias address or 0)
+Projection = tuple[QMatrix | tuple[int, int, int], int]
+
+class Decoder:
+    """One decode step of a Llama-family model per call (embedding to logits, KV cache append).
+
+    Holds addresses of f32 tensors (embedding, norms, f32 weights, biases): its owner keeps them alive
+    and unchanged."""
+
+    def __init__(
+        self,
+        dims: tuple[int, int, int, int, int, float, int | None],
+        embed: int,
+        norm: int,
+        head: Projection,
+        layers: list[
+            tuple[
+                int, int, int, int, Projection, Projection, Projection, Projection, Projection, Projection, Projection
+            ]
+        ],
+    ) -> None: ...
+    def step(
+        self, token: int, pos: int, keys: int, values: int, capacity: int, cos: int, sin: int, logits: int
+    ) -> None: ...
+    @property
+    def num_layers(self) -> int: ...
+
 def init_threads(n: int) -> int: ...
 def num_threads() -> int: ...
 def share_openmp(addr: int) -> None: ...

@@ -205,8 +205,19 @@ impl QMatrix {
         }
     }
 
-    fn wide(&self) -> bool {
+    /// Whether the products take int16 activations (the int8 formats) rather than int8 (Q4).
+    pub fn wide(&self) -> bool {
         !matches!(self.w, QWeights::Q4 { .. })
+    }
+
+    /// Row `r` of the product with one activation row quantized as [`QMatrix::wide`] says.
+    pub fn row_value(&self, r: usize, a: &QActs) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2() {
+            // SAFETY: the CPU has AVX2
+            return unsafe { x86::row_dot(self, r, a) };
+        }
+        row_dot(self, r, a)
     }
 
     /// Bytes the quantized weights take.
@@ -335,7 +346,9 @@ fn row_dot(m: &QMatrix, r: usize, a: &QActs) -> f32 {
 fn has_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx2")
+        use std::sync::OnceLock;
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| std::arch::is_x86_feature_detected!("avx2"))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

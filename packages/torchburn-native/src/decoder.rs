@@ -1,0 +1,401 @@
+//! One decode step of a Llama-family decoder in one call: the token's embedding through every layer
+//! (RMSNorm, q/k/v projections with optional bias and q/k RMSNorm, rotary embedding, the KV cache
+//! append, attention over the cache, output projection, the gated MLP) to the logits.
+//!
+//! The Python side describes the model (sizes, weights, norms) once; each step then costs one foreign
+//! call instead of a few hundred torch operations and matrix calls, each with its own dispatch and
+//! thread-pool wake-up. Projections that read the same input (q/k/v; gate/up) share one parallel job
+//! and one activation quantization. Everything else is a few thousand flops per layer and runs on the
+//! calling thread.
+//!
+//! Weights are int8/int4 [`QMatrix`] or f32 matrices owned by Python (raw addresses: the caller keeps
+//! the tensors alive and unchanged while the decoder exists, see `Decoder` in `python.rs`).
+
+use std::sync::Arc;
+
+use multiversion::multiversion;
+
+use crate::kernels::quant::{quantize_acts, QActs, QMatrix};
+use crate::threads;
+
+/// A projection's weight `[n, k]`.
+pub enum Weight {
+    Quant(Arc<QMatrix>),
+    /// row-major f32 at this address
+    F32 {
+        ptr: usize,
+        n: usize,
+        k: usize,
+    },
+}
+
+/// `y = W x (+ b)`.
+pub struct Projection {
+    pub w: Weight,
+    /// address of `n` f32
+    pub bias: Option<usize>,
+}
+
+impl Projection {
+    pub fn n(&self) -> usize {
+        match &self.w {
+            Weight::Quant(q) => q.n,
+            Weight::F32 { n, .. } => *n,
+        }
+    }
+
+    pub fn k(&self) -> usize {
+        match &self.w {
+            Weight::Quant(q) => q.k,
+            Weight::F32 { k, .. } => *k,
+        }
+    }
+}
+
+/// One layer: addresses of f32 vectors for the norms, and its projections.
+pub struct Layer {
+    pub ln_attn: usize,
+    pub ln_mlp: usize,
+    /// `[head_dim]` weights of the per-head q/k RMSNorm (Qwen3)
+    pub q_norm: Option<usize>,
+    pub k_norm: Option<usize>,
+    pub q: Projection,
+    pub k: Projection,
+    pub v: Projection,
+    pub o: Projection,
+    pub gate: Projection,
+    pub up: Projection,
+    pub down: Projection,
+}
+
+/// The shapes of the model.
+#[derive(Clone, Copy, Debug)]
+pub struct Dims {
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab: usize,
+    pub eps: f32,
+    /// keys older than this many positions are not attended to (Mistral)
+    pub window: Option<usize>,
+}
+
+pub struct Decoder {
+    pub dims: Dims,
+    /// `[vocab, hidden]` f32
+    pub embed: usize,
+    pub norm: usize,
+    pub head: Projection,
+    pub layers: Vec<Layer>,
+}
+
+/// Where one step reads and writes: the KV cache `[layers, kv_heads, capacity, head_dim]` (keys and
+/// values), the rotary tables of the step's position (`head_dim` each) and the logits (`vocab`).
+pub struct StepIo {
+    pub keys: *mut f32,
+    pub values: *mut f32,
+    pub capacity: usize,
+    pub cos: *const f32,
+    pub sin: *const f32,
+    pub logits: *mut f32,
+}
+
+impl Decoder {
+    /// Checks that every projection has the shape the dimensions call for.
+    pub fn validate(&self) -> Result<(), String> {
+        let Dims {
+            hidden,
+            heads,
+            kv_heads,
+            head_dim,
+            vocab,
+            ..
+        } = self.dims;
+        if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) || head_dim % 2 != 0 {
+            return Err(format!(
+                "{heads} heads over {kv_heads} KV heads of size {head_dim} is not a valid attention shape"
+            ));
+        }
+        let check = |what: &str, p: &Projection, n: usize, k: usize| {
+            if (p.n(), p.k()) == (n, k) {
+                Ok(())
+            } else {
+                Err(format!("{what} is {}x{}, expected {n}x{k}", p.n(), p.k()))
+            }
+        };
+        let inter = self.layers.first().map_or(0, |l| l.gate.n());
+        for (i, l) in self.layers.iter().enumerate() {
+            check(&format!("layer {i} q"), &l.q, heads * head_dim, hidden)?;
+            check(&format!("layer {i} k"), &l.k, kv_heads * head_dim, hidden)?;
+            check(&format!("layer {i} v"), &l.v, kv_heads * head_dim, hidden)?;
+            check(&format!("layer {i} o"), &l.o, hidden, heads * head_dim)?;
+            check(&format!("layer {i} gate"), &l.gate, inter, hidden)?;
+            check(&format!("layer {i} up"), &l.up, inter, hidden)?;
+            check(&format!("layer {i} down"), &l.down, hidden, inter)?;
+        }
+        check("the output projection", &self.head, vocab, hidden)
+    }
+
+    /// Runs token `token` at position `pos` (the cache holds positions `0..pos`), writing its keys and
+    /// values at `pos` and its logits.
+    ///
+    /// # Safety
+    /// Every address the decoder holds must be live; `io`'s buffers must have the sizes [`StepIo`]
+    /// names, with `pos < io.capacity`, and not overlap the weights.
+    pub unsafe fn step(&self, token: usize, pos: usize, io: &StepIo) {
+        let d = self.dims;
+        let (hd, kvh) = (d.head_dim, d.kv_heads);
+        let q_len = d.heads * hd;
+        let kv_len = kvh * hd;
+        let inter = self.layers.first().map_or(0, |l| l.gate.n());
+        let mut x: Vec<f32> =
+            slice(self.embed, d.vocab * d.hidden)[token * d.hidden..][..d.hidden].to_vec();
+        let mut h = vec![0f32; d.hidden];
+        let mut qkv = vec![0f32; q_len + 2 * kv_len];
+        let mut att = vec![0f32; q_len];
+        let mut proj = vec![0f32; d.hidden];
+        let mut gate_up = vec![0f32; 2 * inter];
+        let mut scores = vec![0f32; pos + 1];
+        let cos = std::slice::from_raw_parts(io.cos, hd);
+        let sin = std::slice::from_raw_parts(io.sin, hd);
+        let layer_stride = kvh * io.capacity * hd;
+        for (li, l) in self.layers.iter().enumerate() {
+            // attention
+            rms_norm(&x, slice(l.ln_attn, d.hidden), d.eps, &mut h);
+            project(&[&l.q, &l.k, &l.v], &h, &mut qkv);
+            let (q, kv) = qkv.split_at_mut(q_len);
+            let (k, v) = kv.split_at_mut(kv_len);
+            for (heads, norm) in [(&mut *q, l.q_norm), (&mut *k, l.k_norm)] {
+                for head in heads.chunks_exact_mut(hd) {
+                    if let Some(w) = norm {
+                        let src = head.to_vec();
+                        rms_norm(&src, slice(w, hd), d.eps, head);
+                    }
+                    rotate(head, cos, sin);
+                }
+            }
+            let keys = io.keys.add(li * layer_stride);
+            let values = io.values.add(li * layer_stride);
+            for g in 0..kvh {
+                let at = (g * io.capacity + pos) * hd;
+                std::ptr::copy_nonoverlapping(k[g * hd..].as_ptr(), keys.add(at), hd);
+                std::ptr::copy_nonoverlapping(v[g * hd..].as_ptr(), values.add(at), hd);
+            }
+            let first = d.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+            let group = d.heads / kvh;
+            for hi in 0..d.heads {
+                let g = hi / group;
+                let kc =
+                    std::slice::from_raw_parts(keys.add(g * io.capacity * hd), io.capacity * hd);
+                let vc =
+                    std::slice::from_raw_parts(values.add(g * io.capacity * hd), io.capacity * hd);
+                attend(
+                    &q[hi * hd..][..hd],
+                    &kc[first * hd..(pos + 1) * hd],
+                    &vc[first * hd..(pos + 1) * hd],
+                    &mut scores[..pos + 1 - first],
+                    &mut att[hi * hd..][..hd],
+                );
+            }
+            project(&[&l.o], &att, &mut proj);
+            add_into(&mut x, &proj);
+            // MLP
+            rms_norm(&x, slice(l.ln_mlp, d.hidden), d.eps, &mut h);
+            project(&[&l.gate, &l.up], &h, &mut gate_up);
+            let (g, u) = gate_up.split_at_mut(inter);
+            silu_mul(g, u);
+            project(&[&l.down], g, &mut proj);
+            add_into(&mut x, &proj);
+        }
+        rms_norm(&x, slice(self.norm, d.hidden), d.eps, &mut h);
+        let logits = std::slice::from_raw_parts_mut(io.logits, d.vocab);
+        project(&[&self.head], &h, logits);
+    }
+}
+
+/// # Safety
+/// `addr` must hold `len` live f32.
+unsafe fn slice<'a>(addr: usize, len: usize) -> &'a [f32] {
+    std::slice::from_raw_parts(addr as *const f32, len)
+}
+
+/// `out = x / sqrt(mean(x²) + eps) · w`.
+fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let ss: f32 = sum_squares(x);
+    let r = 1.0 / (ss / x.len() as f32 + eps).sqrt();
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * r * g;
+    }
+}
+
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+fn sum_squares(x: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let chunks = x.chunks_exact(16);
+    let tail: f32 = chunks.remainder().iter().map(|v| v * v).sum();
+    for c in chunks {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a += v * v;
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..16 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Rotary embedding in the "rotate half" layout: pairs are (i, i + D/2).
+fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    let half = x.len() / 2;
+    for i in 0..half {
+        let (a, b) = (x[i], x[i + half]);
+        x[i] = a * cos[i] - b * sin[i];
+        x[i + half] = b * cos[i + half] + a * sin[i + half];
+    }
+}
+
+/// One query over `n` cached keys/values (`n × D` each): softmax(q·K / √D) · V into `out`.
+fn attend(q: &[f32], keys: &[f32], values: &[f32], scores: &mut [f32], out: &mut [f32]) {
+    let hd = q.len();
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut max = f32::NEG_INFINITY;
+    for (s, k) in scores.iter_mut().zip(keys.chunks_exact(hd)) {
+        *s = dot(q, k) * scale;
+        max = max.max(*s);
+    }
+    let mut total = 0f32;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        total += *s;
+    }
+    out.fill(0.0);
+    for (&p, v) in scores.iter().zip(values.chunks_exact(hd)) {
+        let p = p / total;
+        for (o, &x) in out.iter_mut().zip(v) {
+            *o += p * x;
+        }
+    }
+}
+
+fn add_into(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// `g = silu(g) · u`.
+fn silu_mul(g: &mut [f32], u: &[f32]) {
+    for (a, &b) in g.iter_mut().zip(u) {
+        *a = *a / (1.0 + (-*a).exp()) * b;
+    }
+}
+
+/// `out = [P₀ x; P₁ x; ...]` for projections with the same input, as one parallel job over all their
+/// rows; the input is quantized once per activation format the quantized ones need.
+fn project(ps: &[&Projection], x: &[f32], out: &mut [f32]) {
+    let total: usize = ps.iter().map(|p| p.n()).sum();
+    assert_eq!(out.len(), total, "projection output length");
+    let needs = |wide: bool| {
+        ps.iter()
+            .any(|p| matches!(&p.w, Weight::Quant(q) if q.wide() == wide))
+    };
+    let acts8: Option<QActs> = needs(false).then(|| quantize_acts(x, false));
+    let acts16: Option<QActs> = needs(true).then(|| quantize_acts(x, true));
+    let out_ptr = threads::SendPtr(out.as_mut_ptr());
+    threads::par_ranges(total, 16, |lo, hi| {
+        let out = out_ptr;
+        let mut r = lo;
+        let mut base = 0;
+        for p in ps {
+            let n = p.n();
+            while r < hi && r < base + n {
+                let row = r - base;
+                let v = match &p.w {
+                    Weight::Quant(q) => {
+                        let acts = if q.wide() { &acts16 } else { &acts8 };
+                        q.row_value(row, acts.as_ref().expect("quantized activations"))
+                    }
+                    // SAFETY: the decoder's contract: a live n×k f32 matrix
+                    Weight::F32 { ptr, k, .. } => {
+                        dot(unsafe { &slice(*ptr, n * k)[row * k..][..*k] }, x)
+                    }
+                };
+                // SAFETY: the bias holds n f32; row r belongs to this task alone
+                unsafe {
+                    let b = p.bias.map_or(0.0, |b| *(b as *const f32).add(row));
+                    *out.get().add(r) = v + b;
+                }
+                r += 1;
+            }
+            base += n;
+            if r >= hi {
+                break;
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rotate_matches_the_rotate_half_formula() {
+        let mut x = [1.0, 2.0, 3.0, 4.0];
+        let (cos, sin) = ([0.5, 0.25, 0.5, 0.25], [0.1, 0.2, 0.1, 0.2]);
+        rotate(&mut x, &cos, &sin);
+        // x·cos + cat(-x2, x1)·sin
+        let want = [
+            1.0 * 0.5 - 3.0 * 0.1,
+            2.0 * 0.25 - 4.0 * 0.2,
+            3.0 * 0.5 + 1.0 * 0.1,
+            4.0 * 0.25 + 2.0 * 0.2,
+        ];
+        for (a, b) in x.iter().zip(want) {
+            assert!((a - b).abs() < 1e-6, "{x:?} vs {want:?}");
+        }
+    }
+
+    #[test]
+    fn attend_is_softmax_weighted_values() {
+        let q = [1.0, 0.0];
+        let keys = [1.0, 0.0, 0.0, 1.0, -1.0, 0.0];
+        let values = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let mut scores = [0.0; 3];
+        let mut out = [0.0; 2];
+        attend(&q, &keys, &values, &mut scores, &mut out);
+        let s = [1.0f64, 0.0, -1.0].map(|v| (v / 2f64.sqrt()).exp());
+        let z: f64 = s.iter().sum();
+        let want = [
+            (s[0] * 1.0 + s[1] * 3.0 + s[2] * 5.0) / z,
+            (s[0] * 2.0 + s[1] * 4.0 + s[2] * 6.0) / z,
+        ];
+        for (a, b) in out.iter().zip(want) {
+            assert!((*a as f64 - b).abs() < 1e-5, "{out:?} vs {want:?}");
+        }
+    }
+}
