@@ -1,5 +1,5 @@
 //! Times decode steps of a random int4 decoder of SmolLM2-135M's shape on the Rust side alone:
-//! `cargo run --release --no-default-features --example decode_bench -- [positions]`.
+//! `cargo run --release --no-default-features --example decode_bench -- [positions [threads]]`.
 use std::sync::Arc;
 use std::time::Instant;
 use torchburn_native::decoder::{Decoder, Dims, Layer, Projection, StepIo, Weight};
@@ -7,6 +7,9 @@ use torchburn_native::kernels::quant::QMatrix;
 
 fn main() {
     let positions: usize = std::env::args().nth(1).map_or(64, |s| s.parse().unwrap());
+    if let Some(t) = std::env::args().nth(2) {
+        torchburn_native::threads::init(t.parse().unwrap());
+    }
     let (hidden, heads, kvh, hd, inter, vocab, layers) = (576, 9, 3, 64, 1536, 49152, 30);
     let mut seed = 1u64;
     let mut rand = |len: usize| -> Vec<f32> {

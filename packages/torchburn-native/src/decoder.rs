@@ -327,34 +327,41 @@ fn project(ps: &[&Projection], x: &[f32], out: &mut [f32]) {
     let acts16: Option<QActs> = needs(true).then(|| quantize_acts(x, true));
     let out_ptr = threads::SendPtr(out.as_mut_ptr());
     threads::par_ranges(total, 16, |lo, hi| {
-        let out = out_ptr;
-        let mut r = lo;
+        // this task's rows of every projection it overlaps
         let mut base = 0;
         for p in ps {
             let n = p.n();
-            while r < hi && r < base + n {
-                let row = r - base;
-                let v = match &p.w {
+            let (a, b) = (lo.max(base), hi.min(base + n));
+            if a < b {
+                // SAFETY: rows a..b of `out` belong to this task alone
+                let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(a), b - a) };
+                let rows = a - base..b - base;
+                match &p.w {
                     Weight::Quant(q) => {
                         let acts = if q.wide() { &acts16 } else { &acts8 };
-                        q.row_value(row, acts.as_ref().expect("quantized activations"))
+                        q.rows_into(
+                            rows.clone(),
+                            acts.as_ref().expect("quantized activations"),
+                            dst,
+                        );
                     }
-                    // SAFETY: the decoder's contract: a live n×k f32 matrix
                     Weight::F32 { ptr, k, .. } => {
-                        dot(unsafe { &slice(*ptr, n * k)[row * k..][..*k] }, x)
+                        // SAFETY: the decoder's contract: a live n×k f32 matrix
+                        let w = unsafe { slice(*ptr, n * k) };
+                        for (o, r) in dst.iter_mut().zip(rows.clone()) {
+                            *o = dot(&w[r * k..][..*k], x);
+                        }
                     }
-                };
-                // SAFETY: the bias holds n f32; row r belongs to this task alone
-                unsafe {
-                    let b = p.bias.map_or(0.0, |b| *(b as *const f32).add(row));
-                    *out.get().add(r) = v + b;
                 }
-                r += 1;
+                if let Some(bias) = p.bias {
+                    // SAFETY: the bias holds n f32
+                    let bias = unsafe { slice(bias, n) };
+                    for (o, r) in dst.iter_mut().zip(rows) {
+                        *o += bias[r];
+                    }
+                }
             }
             base += n;
-            if r >= hi {
-                break;
-            }
         }
     });
 }
