@@ -67,7 +67,8 @@ def measure_transformers(model: Any, name: str, ids: list[int], new_tokens: int)
     with torch.no_grad():
         model(x[:, :8])  # warm up
         t0 = time.perf_counter()
-        out = model(x, use_cache=True)
+        # only the last position's logits, as transformers' own generate() asks for them
+        out = model(x, use_cache=True, logits_to_keep=1)
         t1 = time.perf_counter()
         past, token = out.past_key_values, out.logits[0, -1].argmax().view(1, 1)
         for _ in range(new_tokens - 1):

@@ -46,7 +46,7 @@ class Session:
         return self.step(prompt[same:])
 
     def step(self, ids: Sequence[int]) -> torch.Tensor:
-        logits = self.model.forward(torch.tensor(list(ids), dtype=torch.long), self.cache)
+        logits = self.model.forward(torch.tensor(list(ids), dtype=torch.long), self.cache, last_only=True)
         self.ids.extend(ids)
         return logits[-1]
 

@@ -122,8 +122,10 @@ class Transformer:
         return KVCache(self.cfg, capacity or self.cfg.max_position)
 
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """Logits [T, V] of the new tokens ``ids`` [T]; their keys and values join ``cache``."""
+    def forward(self, ids: torch.Tensor, cache: KVCache, last_only: bool = False) -> torch.Tensor:
+        """Logits [T, V] of the new tokens ``ids`` [T] ([1, V], the last one's, with ``last_only``: all
+        generation needs, and the output projection is a fifth of a small model's prefill); their keys
+        and values join ``cache``."""
         t = int(ids.shape[0])
         cache.check_room(t)
         if t == 0:
@@ -141,6 +143,8 @@ class Transformer:
             x = x + self._attention(li, layer, rms_norm(x, layer.ln_attn, self.cfg.rms_eps), cos, sin, mask, cache)
             x = x + self._mlp(layer, rms_norm(x, layer.ln_mlp, self.cfg.rms_eps))
         cache.length = start + t
+        if last_only:
+            x = x[-1:]
         return self.lm_head(rms_norm(x, self.norm, self.cfg.rms_eps))  # [T, V]
 
     def _decode_step(self, token: int, cache: KVCache) -> torch.Tensor:

@@ -2,16 +2,21 @@
 //!
 //! - **Q8**: int8 per output row with one f32 scale per row (per channel; the scale is the clipping
 //!   of the row's range that minimises the squared rounding error),
-//! - **Q8B**: int8 in blocks of 32 with one scale each (for the output projection, whose rows span
-//!   a wide range, and which GGUF files store this way), or
-//! - **Q4**: blocks of 32 along k, each 4-bit values with an f32 scale `d` and offset `m`
+//! - **Q8B**: int8 in blocks of 32 with one f16 scale each (for the output projection, whose rows
+//!   span a wide range, and which GGUF files store this way, as Q8_0), or
+//! - **Q4**: blocks of 32 along k, each 4-bit values with an f16 scale `d` and offset `m`
 //!   (`w = d·q + m`, q in 0..16), nibbles laid out as GGUF's Q4_1: byte j holds elements j (low) and
-//!   j + 16 (high), so GGUF Q4_1 weights re-quantize without loss.
+//!   j + 16 (high), so GGUF Q4_1 weights re-quantize without loss. 20 bytes per 32 weights.
 //!
 //! Activations are quantized per block of 32: to int8 for Q4 weights (as llama.cpp's Q8_0), to int16
 //! for the int8 formats (so that int8 weights are the only rounding their products see). Each block's
 //! products are exact integer sums in eight lanes; the f32 work that follows runs in one fixed order
-//! on every path, so the AVX2 kernels and the portable code give bit-identical results.
+//! on every path, so the AVX-512, AVX2 and portable code give bit-identical results.
+//!
+//! Decode streams every weight once per token, so the kernels are bound by memory: they prefetch the
+//! rows ahead of the ones they compute, and the scales are f16.
+
+use half::f16;
 
 use crate::threads;
 
@@ -48,10 +53,11 @@ pub fn quantize_acts(x: &[f32], wide: bool) -> QActs {
     };
     if wide {
         out.q16 = vec![0; x.len()];
-        out.d16 = vec![0.0; blocks];
+        // zero past the last block, up to a whole group of sixteen (see `x86::rows_dot_avx512`)
+        out.d16 = vec![0.0; blocks.next_multiple_of(2 * LANES)];
     } else {
         out.q8 = vec![0; x.len()];
-        out.d8 = vec![0.0; blocks];
+        out.d8 = vec![0.0; blocks.next_multiple_of(2 * LANES)];
         // zero past the last block, up to a whole group of eight (see `x86::offsets`)
         out.dsum8 = vec![0.0; blocks.next_multiple_of(LANES)];
     }
@@ -84,12 +90,12 @@ pub enum QWeights {
     /// `q[n·k]`, `scale[n]`
     Q8 { q: Vec<i8>, scale: Vec<f32> },
     /// `q[n·k]`, `d[n·k/32]`
-    Q8B { q: Vec<i8>, d: Vec<f32> },
+    Q8B { q: Vec<i8>, d: Vec<f16> },
     /// `nibbles[n·k/2]`, `d[n·k/32]`, `m[n·k/32]` followed by eight zeros
     Q4 {
         nibbles: Vec<u8>,
-        d: Vec<f32>,
-        m: Vec<f32>,
+        d: Vec<f16>,
+        m: Vec<f16>,
     },
 }
 
@@ -98,6 +104,11 @@ pub struct QMatrix {
     pub n: usize,
     pub k: usize,
     pub w: QWeights,
+}
+
+/// `v` as f16, saturated to the largest finite f16 rather than infinity.
+fn to_f16(v: f32) -> f16 {
+    f16::from_f32(v.clamp(-f16::MAX.to_f32(), f16::MAX.to_f32()))
 }
 
 /// Rounds `w / scale` to int8 (clamped to ±127) into `q`; returns the squared error.
@@ -161,15 +172,18 @@ impl QMatrix {
         assert_eq!(w.len(), n * k, "weight length");
         assert!(k.is_multiple_of(BLOCK), "k must be a multiple of {BLOCK}");
         let mut q = vec![0i8; n * k];
-        let mut d = vec![0f32; n * k / BLOCK];
+        let mut d = vec![f16::ZERO; n * k / BLOCK];
         for (b, (xs, qs)) in w
             .chunks_exact(BLOCK)
             .zip(q.chunks_exact_mut(BLOCK))
             .enumerate()
         {
-            d[b] = xs.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
-            round_i8(xs, d[b], qs);
+            // the scale is stored as f16, so the values are rounded against what will be read back
+            d[b] = to_f16(xs.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0);
+            round_i8(xs, d[b].to_f32(), qs);
         }
+        // sixteen zeros past the end: the AVX-512 kernel reads scales sixteen at a time
+        d.resize(n * k / BLOCK + 2 * LANES, f16::ZERO);
         QMatrix {
             n,
             k,
@@ -185,23 +199,29 @@ impl QMatrix {
             "k must be a multiple of {BLOCK} for Q4"
         );
         let blocks = n * k / BLOCK;
-        let (mut nibbles, mut d, mut m) =
-            (vec![0u8; n * k / 2], vec![0f32; blocks], vec![0f32; blocks]);
+        let (mut nibbles, mut d, mut m) = (
+            vec![0u8; n * k / 2],
+            vec![f16::ZERO; blocks],
+            vec![f16::ZERO; blocks],
+        );
         for b in 0..blocks {
             let xs = &w[b * BLOCK..(b + 1) * BLOCK];
             let lo = xs.iter().fold(f32::INFINITY, |a, &v| a.min(v));
             let hi = xs.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
-            let step = (hi - lo) / 15.0;
+            // scale and offset are stored as f16 (as GGUF's Q4_1): round against those
+            let (step, lo) = (to_f16((hi - lo) / 15.0), to_f16(lo));
+            d[b] = step;
+            m[b] = lo;
+            let (step, lo) = (step.to_f32(), lo.to_f32());
             let inv = if step > 0.0 { 1.0 / step } else { 0.0 };
             let q = |v: f32| ((v - lo) * inv).round().clamp(0.0, 15.0) as u8;
             for j in 0..BLOCK / 2 {
                 nibbles[b * BLOCK / 2 + j] = q(xs[j]) | (q(xs[j + BLOCK / 2]) << 4);
             }
-            d[b] = step;
-            m[b] = lo;
         }
-        // eight zeros past the end: the SIMD offset sums read whole groups of eight (see `offsets`)
-        m.resize(blocks + LANES, 0.0);
+        // zeros past the end: the SIMD code reads scales sixteen and offsets eight at a time
+        d.resize(blocks + 2 * LANES, f16::ZERO);
+        m.resize(blocks + LANES, f16::ZERO);
         QMatrix {
             n,
             k,
@@ -218,9 +238,11 @@ impl QMatrix {
     pub fn nbytes(&self) -> usize {
         match &self.w {
             QWeights::Q8 { q, scale } => q.len() + scale.len() * 4,
-            QWeights::Q8B { q, d } => q.len() + d.len() * 4,
-            // the eight zeros of padding are not the model's
-            QWeights::Q4 { nibbles, d, m } => nibbles.len() + (d.len() + m.len() - LANES) * 4,
+            // the zeros of padding are not the model's
+            QWeights::Q8B { q, d } => q.len() + (d.len() - 2 * LANES) * 2,
+            QWeights::Q4 { nibbles, d, m } => {
+                nibbles.len() + (d.len() - 2 * LANES + m.len() - LANES) * 2
+            }
         }
     }
 
@@ -334,10 +356,13 @@ impl Isa {
         let mut out = vec![Isa::Portable];
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx2") {
+            // F16C for the f16 scales: every AVX2 CPU has it
+            let f16c = std::arch::is_x86_feature_detected!("f16c");
+            if f16c && std::arch::is_x86_feature_detected!("avx2") {
                 out.push(Isa::Avx2);
             }
-            if std::arch::is_x86_feature_detected!("avx512f")
+            if f16c
+                && std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512bw")
                 && std::arch::is_x86_feature_detected!("avx512dq")
             {
@@ -404,7 +429,7 @@ fn row_dot(m: &QMatrix, r: usize, a: &QActs) -> f32 {
                 add(
                     b,
                     lanes16(&q[r * k + b * BLOCK..], x),
-                    d[r * bpr + b] * a.d16[b],
+                    d[r * bpr + b].to_f32() * a.d16[b],
                 );
             }
             1.0
@@ -415,9 +440,9 @@ fn row_dot(m: &QMatrix, r: usize, a: &QActs) -> f32 {
                 add(
                     b,
                     lanes8(&w, &a.q8[b * BLOCK..(b + 1) * BLOCK]),
-                    d[r * bpr + b] * a.d8[b],
+                    d[r * bpr + b].to_f32() * a.d8[b],
                 );
-                offsets[b % LANES] += mw[r * bpr + b] * a.dsum8[b];
+                offsets[b % LANES] += mw[r * bpr + b].to_f32() * a.dsum8[b];
             }
             1.0
         }
@@ -428,6 +453,7 @@ fn row_dot(m: &QMatrix, r: usize, a: &QActs) -> f32 {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{QActs, QMatrix, QWeights, BLOCK, LANES};
+    use half::f16;
     use std::arch::x86_64::*;
 
     /// Q4's offset sums of one row (`bpr` blocks): lane l gathers blocks l, l + 8, ... Whole groups of
@@ -435,13 +461,11 @@ mod x86 {
     /// zeros) and `dsum` is zero, and adding those zero products leaves every lane as the portable
     /// path has it (its sums start at +0.0, so they never become -0.0).
     #[inline(always)]
-    unsafe fn offsets(mw: *const f32, dsum: *const f32, bpr: usize) -> __m256 {
+    unsafe fn offsets(mw: *const f16, dsum: *const f32, bpr: usize) -> __m256 {
         let mut acc = _mm256_setzero_ps();
         for g in 0..bpr.div_ceil(LANES) {
-            let p = _mm256_mul_ps(
-                _mm256_loadu_ps(mw.add(g * LANES)),
-                _mm256_loadu_ps(dsum.add(g * LANES)),
-            );
+            let m = _mm256_cvtph_ps(_mm_loadu_si128(mw.add(g * LANES) as *const __m128i));
+            let p = _mm256_mul_ps(m, _mm256_loadu_ps(dsum.add(g * LANES)));
             acc = _mm256_add_ps(acc, p);
         }
         acc
@@ -463,6 +487,12 @@ mod x86 {
     unsafe fn finish_simd(even: __m256, odd: __m256, offsets: __m256, scale: f32) -> f32 {
         let s = _mm_add_ss(tree8(_mm256_add_ps(even, odd)), tree8(offsets));
         _mm_cvtss_f32(_mm_mul_ss(s, _mm_set_ss(scale)))
+    }
+
+    /// One f16 as f32 (exact, as `f16::to_f32`).
+    #[inline(always)]
+    unsafe fn f32_of(v: f16) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(v.to_bits() as i32)))
     }
 
     /// Eight lanes of an int8 × int16 block: `vpmaddwd` on each sign-extended half, halves added.
@@ -491,7 +521,7 @@ mod x86 {
     }
 
     /// [`super::row_dot`] on AVX2: one eight-lane register per accumulator set.
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,f16c")]
     pub unsafe fn row_dot_avx2(m: &QMatrix, r: usize, a: &QActs) -> f32 {
         prefetch_rows(m, r + PREFETCH_ROWS, 1);
         let k = m.k;
@@ -520,7 +550,7 @@ mod x86 {
                     add(
                         b,
                         block16(w.add(b * BLOCK), a.q16.as_ptr().add(b * BLOCK)),
-                        d[r * bpr + b] * a.d16[b],
+                        f32_of(d[r * bpr + b]) * a.d16[b],
                     );
                 }
                 1.0
@@ -531,7 +561,7 @@ mod x86 {
                     add(
                         b,
                         block4(nib.add(b * BLOCK / 2), a.q8.as_ptr().add(b * BLOCK)),
-                        d[r * bpr + b] * a.d8[b],
+                        f32_of(d[r * bpr + b]) * a.d8[b],
                     );
                 }
                 offs = offsets(mw[r * bpr..].as_ptr(), a.dsum8.as_ptr(), bpr);
@@ -546,6 +576,39 @@ mod x86 {
     unsafe fn add_pair(acc: __m512, part: __m512i, s_even: f32, s_odd: f32) -> __m512 {
         let scale = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s_even), _mm512_set1_ps(s_odd));
         _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(part), scale))
+    }
+
+    /// `acc + part · scale`, `scale` already [s_even ×8, s_odd ×8].
+    #[inline(always)]
+    unsafe fn add_pair_scaled(acc: __m512, part: __m512i, scale: __m512) -> __m512 {
+        _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(part), scale))
+    }
+
+    /// Calls `f(pair, row, scales)` for every pair of blocks and each of `R` rows, pair-major, with
+    /// the pair's block scales `[d_w·d_x of the even block ×8, of the odd block ×8]`. The products
+    /// are formed sixteen blocks at a time from the rows' f16 weight scales (`dw[i]`) and the
+    /// activation scales (`dx`); both run on past the row into padding whose products go unused.
+    #[inline(always)]
+    unsafe fn for_pairs<const R: usize>(
+        pairs: usize,
+        dw: [*const f16; R],
+        dx: *const f32,
+        mut f: impl FnMut(usize, usize, __m512),
+    ) {
+        let spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        for g in 0..pairs.div_ceil(LANES) {
+            let x = _mm512_loadu_ps(dx.add(g * 2 * LANES));
+            let scales: [__m512; R] = std::array::from_fn(|i| {
+                let w = _mm256_loadu_si256(dw[i].add(g * 2 * LANES) as *const __m256i);
+                _mm512_mul_ps(_mm512_cvtph_ps(w), x)
+            });
+            for q in 0..LANES.min(pairs - g * LANES) {
+                let idx = _mm512_add_epi32(spread, _mm512_set1_epi32(2 * q as i32));
+                for (i, s) in scales.iter().enumerate() {
+                    f(g * LANES + q, i, _mm512_permutexvar_ps(idx, *s));
+                }
+            }
+        }
     }
 
     /// A lone last (even) block, added to the low half.
@@ -590,7 +653,7 @@ mod x86 {
     }
 
     /// How far ahead of the rows being computed their weights are prefetched.
-    const PREFETCH_ROWS: usize = 16;
+    const PREFETCH_ROWS: usize = 32;
 
     /// Asks for `count` rows from `r0` on to be brought into L1 (addresses past the matrix are
     /// harmless: a prefetch never faults).
@@ -600,7 +663,7 @@ mod x86 {
         let bpr = k / BLOCK;
         let lines = |p: *const u8, bytes: usize| {
             for off in (0..bytes).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off) as *const i8);
+                _mm_prefetch::<_MM_HINT_T2>(p.wrapping_add(off) as *const i8);
             }
         };
         match &m.w {
@@ -611,18 +674,18 @@ mod x86 {
                 lines(q.as_ptr().wrapping_add(r0 * k) as *const u8, count * k);
                 lines(
                     d.as_ptr().wrapping_add(r0 * bpr) as *const u8,
-                    count * bpr * 4,
+                    count * bpr * 2,
                 );
             }
             QWeights::Q4 { nibbles, d, m } => {
                 lines(nibbles.as_ptr().wrapping_add(r0 * k / 2), count * k / 2);
                 lines(
                     d.as_ptr().wrapping_add(r0 * bpr) as *const u8,
-                    count * bpr * 4,
+                    count * bpr * 2,
                 );
                 lines(
                     m.as_ptr().wrapping_add(r0 * bpr) as *const u8,
-                    count * bpr * 4,
+                    count * bpr * 2,
                 );
             }
         }
@@ -631,7 +694,7 @@ mod x86 {
     /// [`super::row_dot`] on AVX-512 for `R` consecutive rows from `r0`, two blocks per step. The rows
     /// are interleaved so their accumulator chains overlap (one row alone waits on its adds) and they
     /// share the activation loads; each row still follows the canonical order.
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx2")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx2,f16c")]
     pub unsafe fn rows_dot_avx512<const R: usize>(m: &QMatrix, r0: usize, a: &QActs) -> [f32; R] {
         let k = m.k;
         let bpr = k / BLOCK;
@@ -642,56 +705,62 @@ mod x86 {
         let mut offs = [_mm256_setzero_ps(); R];
         let mut row_scale = [1f32; R];
         match &m.w {
-            QWeights::Q8 { q, scale } | QWeights::Q8B { q, d: scale } => {
-                let per_row = matches!(m.w, QWeights::Q8 { .. });
+            QWeights::Q8 { q, scale } => {
                 let x = a.q16.as_ptr();
                 let w: [*const i8; R] = std::array::from_fn(|i| q[(r0 + i) * k..].as_ptr());
-                // block scales: the activation's alone (per-row weight scale applied at the end) or
-                // the product of both
-                let s = |i: usize, b: usize| {
-                    if per_row {
-                        a.d16[b]
-                    } else {
-                        scale[(r0 + i) * bpr + b] * a.d16[b]
-                    }
-                };
+                // the per-row weight scale is applied at the end
                 for p in 0..pairs {
                     let b = 2 * p;
                     for i in 0..R {
                         let part = pair16(w[i].add(b * BLOCK), x.add(b * BLOCK));
-                        acc[i] = add_pair(acc[i], part, s(i, b), s(i, b + 1));
+                        acc[i] = add_pair(acc[i], part, a.d16[b], a.d16[b + 1]);
                     }
                 }
                 if lone {
                     let b = bpr - 1;
                     for i in 0..R {
                         let part = block16(w[i].add(b * BLOCK), x.add(b * BLOCK));
-                        acc[i] = add_last(acc[i], part, s(i, b));
+                        acc[i] = add_last(acc[i], part, a.d16[b]);
                     }
                 }
-                if per_row {
-                    row_scale = std::array::from_fn(|i| scale[r0 + i]);
+                row_scale = std::array::from_fn(|i| scale[r0 + i]);
+            }
+            QWeights::Q8B { q, d } => {
+                let x = a.q16.as_ptr();
+                let w: [*const i8; R] = std::array::from_fn(|i| q[(r0 + i) * k..].as_ptr());
+                let dp: [*const f16; R] = std::array::from_fn(|i| d[(r0 + i) * bpr..].as_ptr());
+                let d: [&[f16]; R] =
+                    std::array::from_fn(|i| &d[(r0 + i) * bpr..(r0 + i + 1) * bpr]);
+                for_pairs::<R>(pairs, dp, a.d16.as_ptr(), |p, i, scale| {
+                    let b = 2 * p;
+                    let part = pair16(w[i].add(b * BLOCK), x.add(b * BLOCK));
+                    acc[i] = add_pair_scaled(acc[i], part, scale);
+                });
+                if lone {
+                    let b = bpr - 1;
+                    for i in 0..R {
+                        let part = block16(w[i].add(b * BLOCK), x.add(b * BLOCK));
+                        acc[i] = add_last(acc[i], part, f32_of(d[i][b]) * a.d16[b]);
+                    }
                 }
             }
             QWeights::Q4 { nibbles, d, m: mw } => {
                 let x = a.q8.as_ptr();
                 let nib: [*const u8; R] =
                     std::array::from_fn(|i| nibbles[(r0 + i) * k / 2..].as_ptr());
-                let d: [&[f32]; R] =
+                let dp: [*const f16; R] = std::array::from_fn(|i| d[(r0 + i) * bpr..].as_ptr());
+                let d: [&[f16]; R] =
                     std::array::from_fn(|i| &d[(r0 + i) * bpr..(r0 + i + 1) * bpr]);
-                for p in 0..pairs {
+                for_pairs::<R>(pairs, dp, a.d8.as_ptr(), |p, i, scale| {
                     let b = 2 * p;
-                    for i in 0..R {
-                        let part = pair4(nib[i].add(b * BLOCK / 2), x.add(b * BLOCK));
-                        acc[i] =
-                            add_pair(acc[i], part, d[i][b] * a.d8[b], d[i][b + 1] * a.d8[b + 1]);
-                    }
-                }
+                    let part = pair4(nib[i].add(b * BLOCK / 2), x.add(b * BLOCK));
+                    acc[i] = add_pair_scaled(acc[i], part, scale);
+                });
                 if lone {
                     let b = bpr - 1;
                     for i in 0..R {
                         let part = block4(nib[i].add(b * BLOCK / 2), x.add(b * BLOCK));
-                        acc[i] = add_last(acc[i], part, d[i][b] * a.d8[b]);
+                        acc[i] = add_last(acc[i], part, f32_of(d[i][b]) * a.d8[b]);
                     }
                 }
                 for (i, o) in offs.iter_mut().enumerate() {
@@ -771,7 +840,7 @@ mod tests {
         let QWeights::Q4 { d, m: mins, .. } = &m.w else {
             panic!()
         };
-        assert_eq!((d[0], mins[0]), (0.25, -1.5));
+        assert_eq!((d[0].to_f32(), mins[0].to_f32()), (0.25, -1.5));
     }
 
     #[test]
