@@ -20,6 +20,12 @@ use half::f16;
 
 use crate::threads;
 
+/// A prefill tile of the AVX-512 kernel: rows of W by tokens.
+#[cfg(target_arch = "x86_64")]
+const TILE_ROWS: usize = 2;
+#[cfg(target_arch = "x86_64")]
+const TILE_TOKENS: usize = 4;
+
 /// Elements per quantization block.
 pub const BLOCK: usize = 32;
 /// Partial sums per block, as one AVX2 register of eight i32 holds them (see [`lanes8`], [`lanes16`]).
@@ -258,7 +264,7 @@ impl QMatrix {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => unsafe { x86::row_dot_avx2(self, r, a) },
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => unsafe { x86::rows_dot_avx512::<1>(self, r, a)[0] },
+            Isa::Avx512 | Isa::Avx512Vnni => unsafe { x86::rows_dot_avx512::<1>(self, r, a)[0] },
         }
     }
 
@@ -274,7 +280,7 @@ impl QMatrix {
         );
         let mut r = rows.start;
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx512 {
+        if matches!(isa, Isa::Avx512 | Isa::Avx512Vnni) {
             // four rows at a time: their accumulator chains overlap
             while r + 4 <= rows.end {
                 // SAFETY: the CPU has AVX-512 (F, BW) and AVX2
@@ -304,7 +310,45 @@ impl QMatrix {
         let out_ptr = threads::SendPtr(out.as_mut_ptr());
         threads::par_ranges(n, 16, |lo, hi| {
             let out = out_ptr;
-            for (t, a) in acts.iter().enumerate() {
+            let mut first = 0; // the first token the row-by-row loop below still has to do
+            #[cfg(target_arch = "x86_64")]
+            if matches!(isa, Isa::Avx512 | Isa::Avx512Vnni) {
+                // tiles of TILE_ROWS rows × TILE_TOKENS tokens; this task's rows stay in L2 across them
+                while first + TILE_TOKENS <= rows {
+                    let a: [&QActs; TILE_TOKENS] = std::array::from_fn(|j| &acts[first + j]);
+                    let mut r = lo;
+                    while r + TILE_ROWS <= hi {
+                        // SAFETY: the CPU has AVX-512 (and VNNI where used)
+                        let v = unsafe {
+                            if isa == Isa::Avx512Vnni {
+                                x86::tile_avx512_vnni::<TILE_ROWS, TILE_TOKENS>(self, r, a)
+                            } else {
+                                x86::tile_avx512::<TILE_ROWS, TILE_TOKENS>(self, r, a)
+                            }
+                        };
+                        for (j, row) in v.iter().enumerate() {
+                            // SAFETY: rows r..r + TILE_ROWS of every token belong to this task
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(
+                                    row.as_ptr(),
+                                    out.get().add((first + j) * n + r),
+                                    TILE_ROWS,
+                                )
+                            };
+                        }
+                        r += TILE_ROWS;
+                    }
+                    for (j, act) in a.iter().enumerate() {
+                        for rr in r..hi {
+                            let v = self.row_with(rr, act, isa);
+                            // SAFETY: as above
+                            unsafe { *out.get().add((first + j) * n + rr) = v };
+                        }
+                    }
+                    first += TILE_TOKENS;
+                }
+            }
+            for (t, a) in acts.iter().enumerate().skip(first) {
                 // SAFETY: rows lo..hi of every output row belong to this task alone
                 let dst =
                     unsafe { std::slice::from_raw_parts_mut(out.get().add(t * n + lo), hi - lo) };
@@ -341,6 +385,9 @@ enum Isa {
     Avx2,
     #[cfg(target_arch = "x86_64")]
     Avx512,
+    /// AVX-512 with VNNI's `vpdpbusd` in the prefill tiles
+    #[cfg(target_arch = "x86_64")]
+    Avx512Vnni,
 }
 
 impl Isa {
@@ -356,8 +403,9 @@ impl Isa {
         let mut out = vec![Isa::Portable];
         #[cfg(target_arch = "x86_64")]
         {
-            // F16C for the f16 scales: every AVX2 CPU has it
-            let f16c = std::arch::is_x86_feature_detected!("f16c");
+            // F16C for the f16 scales and FMA for the block sums: every AVX2 CPU has both
+            let f16c = std::arch::is_x86_feature_detected!("f16c")
+                && std::arch::is_x86_feature_detected!("fma");
             if f16c && std::arch::is_x86_feature_detected!("avx2") {
                 out.push(Isa::Avx2);
             }
@@ -367,6 +415,9 @@ impl Isa {
                 && std::arch::is_x86_feature_detected!("avx512dq")
             {
                 out.push(Isa::Avx512);
+                if std::arch::is_x86_feature_detected!("avx512vnni") {
+                    out.push(Isa::Avx512Vnni);
+                }
             }
         }
         out
@@ -375,7 +426,8 @@ impl Isa {
 
 // The canonical order every path follows. A row's blocks alternate between two sets of eight f32
 // accumulators (even blocks, odd blocks: one 16-lane register on AVX-512, two on AVX2); lane l of a
-// block's integer product is multiplied by the block's scale and added to lane l of its set. Q4's
+// block's integer product times the block's scale is added to lane l of its set in one fused
+// multiply-add (one rounding: `mul_add` in portable code, FMA instructions on x86). Q4's
 // offsets add `m · d8 · Σq8` of block b into lane b mod 8 of an eight-lane sum. At the end both sets
 // and the offsets fold in the fixed tree of `finish`. Integer sums are exact, so every path that keeps
 // this order rounds identically.
@@ -412,7 +464,7 @@ fn row_dot(m: &QMatrix, r: usize, a: &QActs) -> f32 {
     let mut add = |b: usize, part: [i32; LANES], scale: f32| {
         let set = &mut acc[(b % 2) * LANES..][..LANES];
         for (s, p) in set.iter_mut().zip(part) {
-            *s += p as f32 * scale;
+            *s = (p as f32).mul_add(scale, *s);
         }
     };
     let row_scale = match &m.w {
@@ -521,15 +573,15 @@ mod x86 {
     }
 
     /// [`super::row_dot`] on AVX2: one eight-lane register per accumulator set.
-    #[target_feature(enable = "avx2,f16c")]
+    #[target_feature(enable = "avx2,f16c,fma")]
     pub unsafe fn row_dot_avx2(m: &QMatrix, r: usize, a: &QActs) -> f32 {
         prefetch_rows(m, r + PREFETCH_ROWS, 1);
         let k = m.k;
         let bpr = k / BLOCK;
         let mut sets = [_mm256_setzero_ps(); 2];
         let mut add = |b: usize, part: __m256i, scale: f32| {
-            let p = _mm256_mul_ps(_mm256_cvtepi32_ps(part), _mm256_set1_ps(scale));
-            sets[b % 2] = _mm256_add_ps(sets[b % 2], p);
+            sets[b % 2] =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(part), _mm256_set1_ps(scale), sets[b % 2]);
         };
         let mut offs = _mm256_setzero_ps();
         let row_scale = match &m.w {
@@ -575,13 +627,13 @@ mod x86 {
     #[inline(always)]
     unsafe fn add_pair(acc: __m512, part: __m512i, s_even: f32, s_odd: f32) -> __m512 {
         let scale = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s_even), _mm512_set1_ps(s_odd));
-        _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(part), scale))
+        _mm512_fmadd_ps(_mm512_cvtepi32_ps(part), scale, acc)
     }
 
     /// `acc + part · scale`, `scale` already [s_even ×8, s_odd ×8].
     #[inline(always)]
     unsafe fn add_pair_scaled(acc: __m512, part: __m512i, scale: __m512) -> __m512 {
-        _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(part), scale))
+        _mm512_fmadd_ps(_mm512_cvtepi32_ps(part), scale, acc)
     }
 
     /// Calls `f(pair, row, scales)` for every pair of blocks and each of `R` rows, pair-major, with
@@ -615,10 +667,7 @@ mod x86 {
     #[inline(always)]
     unsafe fn add_last(acc: __m512, part: __m256i, scale: f32) -> __m512 {
         let lo = _mm512_castps512_ps256(acc);
-        let lo = _mm256_add_ps(
-            lo,
-            _mm256_mul_ps(_mm256_cvtepi32_ps(part), _mm256_set1_ps(scale)),
-        );
+        let lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(part), _mm256_set1_ps(scale), lo);
         _mm512_mask_blend_ps(0x00FF, acc, _mm512_castps256_ps512(lo))
     }
 
@@ -642,14 +691,24 @@ mod x86 {
     /// Two Q4 × int8 blocks (32 bytes of nibbles, 64 activations).
     #[inline(always)]
     unsafe fn pair4(nib: *const u8, x: *const i8) -> __m512i {
+        dot4(expand4(nib), _mm512_loadu_si512(x as *const __m512i))
+    }
+
+    /// Two Q4 blocks (32 bytes of nibbles) as 64 bytes in 0..16, in element order.
+    #[inline(always)]
+    unsafe fn expand4(nib: *const u8) -> __m512i {
         let raw = _mm256_loadu_si256(nib as *const __m256i);
         let low = _mm256_set1_epi8(0x0F);
         let lo = _mm256_and_si256(raw, low); // [block 0 elements 0..16, block 1 elements 0..16]
         let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low); // elements 16..32 of each
         let w = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-        let w = _mm512_shuffle_i64x2::<0b11_01_10_00>(w, w); // block 0 lo, hi, block 1 lo, hi
-        let xv = _mm512_loadu_si512(x as *const __m512i);
-        _mm512_madd_epi16(_mm512_maddubs_epi16(w, xv), _mm512_set1_epi16(1))
+        _mm512_shuffle_i64x2::<0b11_01_10_00>(w, w) // block 0 lo, hi, block 1 lo, hi
+    }
+
+    /// Lanes of two expanded Q4 blocks times 64 int8 activations.
+    #[inline(always)]
+    unsafe fn dot4(w: __m512i, x: __m512i) -> __m512i {
+        _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1))
     }
 
     /// How far ahead of the rows being computed their weights are prefetched.
@@ -694,7 +753,7 @@ mod x86 {
     /// [`super::row_dot`] on AVX-512 for `R` consecutive rows from `r0`, two blocks per step. The rows
     /// are interleaved so their accumulator chains overlap (one row alone waits on its adds) and they
     /// share the activation loads; each row still follows the canonical order.
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx2,f16c")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx2,f16c,fma")]
     pub unsafe fn rows_dot_avx512<const R: usize>(m: &QMatrix, r0: usize, a: &QActs) -> [f32; R] {
         let k = m.k;
         let bpr = k / BLOCK;
@@ -774,6 +833,179 @@ mod x86 {
             finish_simd(even, odd, offs[i], row_scale[i])
         })
     }
+
+    /// Defines a prefill tile kernel: rows `r0..r0 + R` against `C` activation rows at once. Each pair
+    /// of weight blocks is expanded once for all `C` tokens and each activation pair loaded once for
+    /// all `R` rows. Every (row, token) follows the canonical order, so each result equals
+    /// [`rows_dot_avx512`]'s. A macro, so that the VNNI variant's body (and its closures) is compiled
+    /// with VNNI enabled and the other without.
+    macro_rules! tile_kernel {
+        ($(#[$attr:meta])* $name:ident, $features:literal, $vnni:literal) => {
+            $(#[$attr])*
+            #[target_feature(enable = $features)]
+            pub unsafe fn $name<const R: usize, const C: usize>(
+                m: &QMatrix,
+                r0: usize,
+                acts: [&QActs; C],
+            ) -> [[f32; R]; C] {
+                const VNNI: bool = $vnni;
+        let k = m.k;
+        let bpr = k / BLOCK;
+        let pairs = bpr / 2;
+        let lone = bpr % 2 == 1;
+        let mut acc = [[_mm512_setzero_ps(); C]; R];
+        let mut offs = [[_mm256_setzero_ps(); C]; R];
+        let mut row_scale = [1f32; R];
+        let spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        // the (row, token) block scales of pair p: weight scale × activation scale, or the
+        // activation's alone where the weight scale is per row (applied at the end)
+        let scaled = |sw: Option<__m512>, sx: __m512| match sw {
+            Some(w) => _mm512_mul_ps(w, sx),
+            None => sx,
+        };
+        match &m.w {
+            QWeights::Q4 { nibbles, d, m: mw } => {
+                let nib: [*const u8; R] =
+                    std::array::from_fn(|i| nibbles[(r0 + i) * k / 2..].as_ptr());
+                let dw: [*const f16; R] = std::array::from_fn(|i| d[(r0 + i) * bpr..].as_ptr());
+                for g in 0..pairs.div_ceil(LANES) {
+                    let sw: [__m512; R] = std::array::from_fn(|i| {
+                        _mm512_cvtph_ps(_mm256_loadu_si256(
+                            dw[i].add(g * 2 * LANES) as *const __m256i
+                        ))
+                    });
+                    let sx: [__m512; C] = std::array::from_fn(|t| {
+                        _mm512_loadu_ps(acts[t].d8.as_ptr().add(g * 2 * LANES))
+                    });
+                    for q in 0..LANES.min(pairs - g * LANES) {
+                        let b = 2 * (g * LANES + q);
+                        let idx = _mm512_add_epi32(spread, _mm512_set1_epi32(2 * q as i32));
+                        let xv: [__m512i; C] = std::array::from_fn(|t| {
+                            _mm512_loadu_si512(acts[t].q8.as_ptr().add(b * BLOCK) as *const __m512i)
+                        });
+                        let sxp: [__m512; C] =
+                            std::array::from_fn(|t| _mm512_permutexvar_ps(idx, sx[t]));
+                        for i in 0..R {
+                            let w = expand4(nib[i].add(b * BLOCK / 2));
+                            let swp = Some(_mm512_permutexvar_ps(idx, sw[i]));
+                            for t in 0..C {
+                                let part = if VNNI {
+                                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xv[t])
+                                } else {
+                                    dot4(w, xv[t])
+                                };
+                                acc[i][t] = add_pair_scaled(acc[i][t], part, scaled(swp, sxp[t]));
+                            }
+                        }
+                    }
+                }
+                for i in 0..R {
+                    for t in 0..C {
+                        if lone {
+                            let b = bpr - 1;
+                            let part = block4(
+                                nib[i].add(b * BLOCK / 2),
+                                acts[t].q8.as_ptr().add(b * BLOCK),
+                            );
+                            let s = f32_of(d[(r0 + i) * bpr + b]) * acts[t].d8[b];
+                            acc[i][t] = add_last(acc[i][t], part, s);
+                        }
+                        offs[i][t] =
+                            offsets(mw[(r0 + i) * bpr..].as_ptr(), acts[t].dsum8.as_ptr(), bpr);
+                    }
+                }
+            }
+            QWeights::Q8 { q, .. } | QWeights::Q8B { q, .. } => {
+                let (dw, per_row): ([*const f16; R], Option<&[f32]>) = match &m.w {
+                    QWeights::Q8B { d, .. } => {
+                        (std::array::from_fn(|i| d[(r0 + i) * bpr..].as_ptr()), None)
+                    }
+                    QWeights::Q8 { scale, .. } => ([std::ptr::null(); R], Some(scale)),
+                    QWeights::Q4 { .. } => unreachable!(),
+                };
+                let w: [*const i8; R] = std::array::from_fn(|i| q[(r0 + i) * k..].as_ptr());
+                for g in 0..pairs.div_ceil(LANES) {
+                    let sw: [Option<__m512>; R] = std::array::from_fn(|i| {
+                        per_row.is_none().then(|| {
+                            _mm512_cvtph_ps(_mm256_loadu_si256(
+                                dw[i].add(g * 2 * LANES) as *const __m256i
+                            ))
+                        })
+                    });
+                    let sx: [__m512; C] = std::array::from_fn(|t| {
+                        _mm512_loadu_ps(acts[t].d16.as_ptr().add(g * 2 * LANES))
+                    });
+                    for q in 0..LANES.min(pairs - g * LANES) {
+                        let b = 2 * (g * LANES + q);
+                        let idx = _mm512_add_epi32(spread, _mm512_set1_epi32(2 * q as i32));
+                        let sxp: [__m512; C] =
+                            std::array::from_fn(|t| _mm512_permutexvar_ps(idx, sx[t]));
+                        for i in 0..R {
+                            let w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(
+                                w[i].add(b * BLOCK) as *const __m256i
+                            ));
+                            let w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(
+                                w[i].add((b + 1) * BLOCK) as *const __m256i,
+                            ));
+                            let swp = sw[i].map(|v| _mm512_permutexvar_ps(idx, v));
+                            for t in 0..C {
+                                let x = acts[t].q16.as_ptr().add(b * BLOCK);
+                                let p0 =
+                                    _mm512_madd_epi16(w0, _mm512_loadu_si512(x as *const __m512i));
+                                let p1 = _mm512_madd_epi16(
+                                    w1,
+                                    _mm512_loadu_si512(x.add(BLOCK) as *const __m512i),
+                                );
+                                let part = _mm512_add_epi32(
+                                    _mm512_shuffle_i64x2::<0b01_00_01_00>(p0, p1),
+                                    _mm512_shuffle_i64x2::<0b11_10_11_10>(p0, p1),
+                                );
+                                acc[i][t] = add_pair_scaled(acc[i][t], part, scaled(swp, sxp[t]));
+                            }
+                        }
+                    }
+                }
+                for i in 0..R {
+                    for t in 0..C {
+                        if lone {
+                            let b = bpr - 1;
+                            let part =
+                                block16(w[i].add(b * BLOCK), acts[t].q16.as_ptr().add(b * BLOCK));
+                            let s = match per_row {
+                                Some(_) => acts[t].d16[b],
+                                None => f32_of(*dw[i].add(b)) * acts[t].d16[b],
+                            };
+                            acc[i][t] = add_last(acc[i][t], part, s);
+                        }
+                    }
+                }
+                if let Some(scale) = per_row {
+                    row_scale = std::array::from_fn(|i| scale[r0 + i]);
+                }
+            }
+        }
+        std::array::from_fn(|t| {
+            std::array::from_fn(|i| {
+                let even = _mm512_castps512_ps256(acc[i][t]);
+                let odd = _mm512_extractf32x8_ps::<1>(acc[i][t]);
+                finish_simd(even, odd, offs[i][t], row_scale[i])
+            })
+        })
+                }
+        };
+    }
+
+    tile_kernel!(
+        tile_avx512,
+        "avx512f,avx512bw,avx512dq,avx2,f16c,fma",
+        false
+    );
+    tile_kernel!(
+        /// With VNNI's `vpdpbusd` for the Q4 products: the same integers in one instruction, not two.
+        tile_avx512_vnni,
+        "avx512f,avx512bw,avx512dq,avx2,f16c,fma,avx512vnni",
+        true
+    );
 }
 
 #[cfg(test)]
