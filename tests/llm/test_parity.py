@@ -84,16 +84,17 @@ def test_logits_and_greedy_continuation_match_transformers(tmp_path: Path, famil
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_native_decode_steps_match_transformers(tmp_path: Path, family: str) -> None:
-    reference, folder = _tiny(tmp_path, family)
+    # 8 heads over 96 positions: past 64 the decoder runs the heads in parallel (512 head-positions)
+    reference, folder = _tiny(tmp_path, family, num_attention_heads=8)
     llm = LLM.from_pretrained(folder)
-    ids = torch.randint(3, COMMON["vocab_size"], (28,), generator=torch.Generator().manual_seed(2))
+    ids = torch.randint(3, COMMON["vocab_size"], (96,), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        want = reference(ids[None]).logits[0]  # [28, V]
+        want = reference(ids[None]).logits[0]  # [96, V]
     model = llm.model
-    cache = model.new_cache(64)
+    cache = model.new_cache(128)
     model.forward(ids[:4], cache)  # prefill, then one native step per token (past Mistral's window of 8)
-    got = torch.cat([model.forward(ids[i : i + 1], cache) for i in range(4, 28)])
-    assert model.native_steps == 24
+    got = torch.cat([model.forward(ids[i : i + 1], cache) for i in range(4, 96)])
+    assert model.native_steps == 92
     torch.testing.assert_close(got, want[4:], rtol=1e-4, atol=1e-4)
 
 

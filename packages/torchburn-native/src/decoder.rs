@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use multiversion::multiversion;
 
+use crate::kernels::math::exp_f32;
 use crate::kernels::quant::{quantize_acts, QActs, QMatrix};
 use crate::threads;
 
@@ -184,19 +185,31 @@ impl Decoder {
             }
             let first = d.window.map_or(0, |w| (pos + 1).saturating_sub(w));
             let group = d.heads / kvh;
-            for hi in 0..d.heads {
+            let seen = pos + 1 - first;
+            let (q, att_out) = (&*q, threads::SendPtr(att.as_mut_ptr()));
+            let (keys, values) = (threads::SendPtr(keys), threads::SendPtr(values));
+            let capacity = io.capacity;
+            let head = |hi: usize, scores: &mut [f32]| {
                 let g = hi / group;
-                let kc =
-                    std::slice::from_raw_parts(keys.add(g * io.capacity * hd), io.capacity * hd);
-                let vc =
-                    std::slice::from_raw_parts(values.add(g * io.capacity * hd), io.capacity * hd);
-                attend(
-                    &q[hi * hd..][..hd],
-                    &kc[first * hd..(pos + 1) * hd],
-                    &vc[first * hd..(pos + 1) * hd],
-                    &mut scores[..pos + 1 - first],
-                    &mut att[hi * hd..][..hd],
-                );
+                let at = (g * capacity + first) * hd;
+                // SAFETY: the cache holds `capacity` positions of every KV head of this layer; head
+                // `hi` writes its own slice of `att`
+                let (kc, vc, out) = unsafe {
+                    (
+                        std::slice::from_raw_parts(keys.get().add(at), seen * hd),
+                        std::slice::from_raw_parts(values.get().add(at), seen * hd),
+                        std::slice::from_raw_parts_mut(att_out.get().add(hi * hd), hd),
+                    )
+                };
+                attend(&q[hi * hd..][..hd], kc, vc, scores, out);
+            };
+            // heads in parallel once the context makes them worth waking the pool
+            if seen * d.heads >= PARALLEL_ATTENTION_MIN {
+                threads::parallel_for(d.heads, |hi| head(hi, &mut vec![0f32; seen]));
+            } else {
+                for hi in 0..d.heads {
+                    head(hi, &mut scores[..seen]);
+                }
             }
             project(&[&l.o], &att, &mut proj);
             add_into(&mut x, &proj);
@@ -252,6 +265,12 @@ fn sum_squares(x: &[f32]) -> f32 {
     "aarch64+neon"
 ))]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
+    dot16(a, b)
+}
+
+/// Sixteen running sums, so the loop vectorizes in a fixed order; inlined into callers compiled per ISA.
+#[inline(always)]
+fn dot16(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 16];
     let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
     let tail: f32 = ca
@@ -278,20 +297,27 @@ fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     }
 }
 
+/// Heads × cached positions below which a step's attention stays on the calling thread.
+const PARALLEL_ATTENTION_MIN: usize = 512;
+
 /// One query over `n` cached keys/values (`n × D` each): softmax(q·K / √D) · V into `out`.
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
 fn attend(q: &[f32], keys: &[f32], values: &[f32], scores: &mut [f32], out: &mut [f32]) {
     let hd = q.len();
     let scale = 1.0 / (hd as f32).sqrt();
-    let mut max = f32::NEG_INFINITY;
     for (s, k) in scores.iter_mut().zip(keys.chunks_exact(hd)) {
-        *s = dot(q, k) * scale;
-        max = max.max(*s);
+        *s = dot16(q, k) * scale;
     }
-    let mut total = 0f32;
+    let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+    // exp in a loop of its own, so that it vectorizes; the sum after it
     for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        total += *s;
+        *s = exp_f32(*s - max);
     }
+    let total: f32 = scores.iter().sum();
     out.fill(0.0);
     for (&p, v) in scores.iter().zip(values.chunks_exact(hd)) {
         let p = p / total;
