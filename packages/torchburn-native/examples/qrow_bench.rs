@@ -19,7 +19,7 @@ fn main() {
         ("q8", QMatrix::quantize_q8(&w, n, k)),
         ("q8b", QMatrix::quantize_q8_blocks(&w, n, k)),
     ] {
-        let a = quantize_acts(&x, m.wide());
+        let a = quantize_acts(&x, m.act_format());
         let mut s = 0.0;
         let reps = if n * k > 10_000_000 { 5 } else { 200 };
         let mut out = vec![0f32; n];

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use multiversion::multiversion;
 
 use crate::kernels::math::exp_f32;
-use crate::kernels::quant::{quantize_acts, QActs, QMatrix};
+use crate::kernels::quant::{quantize_acts, ActFormat, QActs, QMatrix};
 use crate::threads;
 
 /// A projection's weight `[n, k]`.
@@ -345,12 +345,13 @@ fn silu_mul(g: &mut [f32], u: &[f32]) {
 fn project(ps: &[&Projection], x: &[f32], out: &mut [f32]) {
     let total: usize = ps.iter().map(|p| p.n()).sum();
     assert_eq!(out.len(), total, "projection output length");
-    let needs = |wide: bool| {
+    // the input in each activation format the projections take: [int8, int16, f32]
+    let formats = [ActFormat::Int8, ActFormat::Int16, ActFormat::F32];
+    let acts: [Option<QActs>; 3] = formats.map(|f| {
         ps.iter()
-            .any(|p| matches!(&p.w, Weight::Quant(q) if q.wide() == wide))
-    };
-    let acts8: Option<QActs> = needs(false).then(|| quantize_acts(x, false));
-    let acts16: Option<QActs> = needs(true).then(|| quantize_acts(x, true));
+            .any(|p| matches!(&p.w, Weight::Quant(q) if q.act_format() == f))
+            .then(|| quantize_acts(x, f))
+    });
     let out_ptr = threads::SendPtr(out.as_mut_ptr());
     threads::par_ranges(total, 16, |lo, hi| {
         // this task's rows of every projection it overlaps
@@ -364,10 +365,11 @@ fn project(ps: &[&Projection], x: &[f32], out: &mut [f32]) {
                 let rows = a - base..b - base;
                 match &p.w {
                     Weight::Quant(q) => {
-                        let acts = if q.wide() { &acts16 } else { &acts8 };
+                        let slot = formats.iter().position(|&f| f == q.act_format());
+                        let acts = slot.and_then(|i| acts[i].as_ref());
                         q.rows_into(
                             rows.clone(),
-                            acts.as_ref().expect("quantized activations"),
+                            acts.expect("activations in the weights' format"),
                             dst,
                         );
                     }

@@ -165,7 +165,8 @@ struct QMatrix {
 #[pymethods]
 impl QMatrix {
     /// Quantizes the contiguous f32 matrix at `ptr` (`n·k` values): `kind` is "int8" (per row) or
-    /// "int8-blocks" (blocks of 32 with a scale each) or "int4" (blocks of 32 with scale and offset).
+    /// "int8-blocks" (blocks of 32 with a scale each), "int4" (blocks of 32 with scale and offset) or
+    /// "bf16".
     #[staticmethod]
     fn quantize(py: Python<'_>, ptr: usize, n: usize, k: usize, kind: &str) -> PyResult<Self> {
         use crate::kernels::quant::{QMatrix as Q, BLOCK};
@@ -183,9 +184,10 @@ impl QMatrix {
             "int8" => py.detach(|| Q::quantize_q8(w, n, k)),
             "int8-blocks" => py.detach(|| Q::quantize_q8_blocks(w, n, k)),
             "int4" => py.detach(|| Q::quantize_q4(w, n, k)),
+            "bf16" => py.detach(|| Q::quantize_bf16(w, n, k)),
             other => {
                 return Err(PyValueError::new_err(format!(
-                    "quantization kind {other:?} is not one of \"int8\", \"int8-blocks\", \"int4\""
+                    "quantization kind {other:?} is not one of \"int8\", \"int8-blocks\", \"int4\", \"bf16\""
                 )))
             }
         };
@@ -225,6 +227,7 @@ impl QMatrix {
             crate::kernels::quant::QWeights::Q8 { .. } => "int8",
             crate::kernels::quant::QWeights::Q8B { .. } => "int8-blocks",
             crate::kernels::quant::QWeights::Q4 { .. } => "int4",
+            crate::kernels::quant::QWeights::BF16 { .. } => "bf16",
         }
     }
 

@@ -30,7 +30,7 @@ ModelOpt = Annotated[
     ),
 ]
 QuantOpt = Annotated[
-    str, typer.Option("--quant", "-q", help="Weight format: fp32, int8 (per channel) or int4 (blocks of 32)")
+    str, typer.Option("--quant", "-q", help="Weight format: fp32, bf16, int8 (per channel) or int4 (blocks of 32)")
 ]
 DeviceOpt = Annotated[str, typer.Option("--device", "-d", help="Where to run: cpu (or auto)")]
 MaxOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", min=0, help="Tokens to generate at most")]

@@ -1,5 +1,6 @@
-"""The model's matrix products: fp32 through torch, or int8 / int4 weights through the native
-engine's quantized kernels (activations quantized per block of 32, integer dot products)."""
+"""The model's matrix products: fp32 through torch, or bf16 / int8 / int4 weights through the native
+engine's kernels (bf16 against f32 activations; int8 / int4 with activations quantized per block of
+32 and integer dot products)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-QUANTS = ("fp32", "int8", "int4")
+QUANTS = ("fp32", "bf16", "int8", "int4")
 # formats a Linear accepts: the user-facing ones, plus int8 in blocks of 32 (the output projection's)
 FORMATS = (*QUANTS, "int8-blocks")
 

@@ -76,7 +76,7 @@ class Transformer:
         self.norm = tensors["model.norm.weight"]
         # the output projection (often the tied embedding) is int8 in blocks of 32 under int8 and int4:
         # its rows span a wide range, it decides every token, and GGUF files store it that way
-        head_quant = "fp32" if quant == "fp32" else "int8-blocks"
+        head_quant = quant if quant in ("fp32", "bf16") else "int8-blocks"
         head = self.embed if cfg.tie_embeddings else tensors["lm_head.weight"]
         self.lm_head = Linear(head, None, head_quant)
         self.inv_freq = inverse_frequencies(cfg)

@@ -40,11 +40,24 @@ pub struct QActs {
     dsum8: Vec<f32>,
     q16: Vec<i16>,
     d16: Vec<f32>,
+    /// the activations themselves, for bf16 weights
+    f: Vec<f32>,
 }
 
-/// Quantizes `x` (length a multiple of [`BLOCK`]) per block to int8 (`wide`: int16) with scale
-/// `max|x| / 127` (`/ 32767`).
-pub fn quantize_acts(x: &[f32], wide: bool) -> QActs {
+/// How a weight format takes its activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActFormat {
+    /// int8 per block of 32 (Q4 weights)
+    Int8,
+    /// int16 per block of 32 (the int8 weight formats)
+    Int16,
+    /// as they are (bf16 weights)
+    F32,
+}
+
+/// Quantizes `x` (length a multiple of [`BLOCK`]) per block to int8 (int16) with scale
+/// `max|x| / 127` (`/ 32767`), or keeps it as f32.
+pub fn quantize_acts(x: &[f32], format: ActFormat) -> QActs {
     assert!(
         x.len().is_multiple_of(BLOCK),
         "activation length must be a multiple of {BLOCK}"
@@ -56,7 +69,13 @@ pub fn quantize_acts(x: &[f32], wide: bool) -> QActs {
         dsum8: vec![],
         q16: vec![],
         d16: vec![],
+        f: vec![],
     };
+    if format == ActFormat::F32 {
+        out.f = x.to_vec();
+        return out;
+    }
+    let wide = format == ActFormat::Int16;
     if wide {
         out.q16 = vec![0; x.len()];
         // zero past the last block, up to a whole group of sixteen (see `x86::rows_dot_avx512`)
@@ -98,6 +117,8 @@ pub enum QWeights {
     /// `q[n·k]`, `d[n·k/32]`
     Q8B { q: Vec<i8>, d: Vec<f16> },
     /// `nibbles[n·k/2]`, `d[n·k/32]`, `m[n·k/32]` followed by eight zeros
+    /// `w[n·k]`: bf16 (the top half of f32, rounded to nearest even) times f32 activations
+    BF16 { w: Vec<half::bf16> },
     Q4 {
         nibbles: Vec<u8>,
         d: Vec<f16>,
@@ -173,6 +194,19 @@ impl QMatrix {
         }
     }
 
+    /// bf16, rounded to nearest even.
+    pub fn quantize_bf16(w: &[f32], n: usize, k: usize) -> QMatrix {
+        assert_eq!(w.len(), n * k, "weight length");
+        assert!(k.is_multiple_of(BLOCK), "k must be a multiple of {BLOCK}");
+        QMatrix {
+            n,
+            k,
+            w: QWeights::BF16 {
+                w: w.iter().map(|&v| half::bf16::from_f32(v)).collect(),
+            },
+        }
+    }
+
     /// Int8 in blocks of 32, `d = max|w_block| / 127`.
     pub fn quantize_q8_blocks(w: &[f32], n: usize, k: usize) -> QMatrix {
         assert_eq!(w.len(), n * k, "weight length");
@@ -235,15 +269,20 @@ impl QMatrix {
         }
     }
 
-    /// Whether the products take int16 activations (the int8 formats) rather than int8 (Q4).
-    pub fn wide(&self) -> bool {
-        !matches!(self.w, QWeights::Q4 { .. })
+    /// The activations this format's products take.
+    pub fn act_format(&self) -> ActFormat {
+        match self.w {
+            QWeights::Q4 { .. } => ActFormat::Int8,
+            QWeights::Q8 { .. } | QWeights::Q8B { .. } => ActFormat::Int16,
+            QWeights::BF16 { .. } => ActFormat::F32,
+        }
     }
 
     /// Bytes the quantized weights take.
     pub fn nbytes(&self) -> usize {
         match &self.w {
             QWeights::Q8 { q, scale } => q.len() + scale.len() * 4,
+            QWeights::BF16 { w } => w.len() * 2,
             // the zeros of padding are not the model's
             QWeights::Q8B { q, d } => q.len() + (d.len() - 2 * LANES) * 2,
             QWeights::Q4 { nibbles, d, m } => {
@@ -252,7 +291,7 @@ impl QMatrix {
         }
     }
 
-    /// Row `r` of the product with one activation row quantized as [`QMatrix::wide`] says.
+    /// Row `r` of the product with one activation row in [`QMatrix::act_format`].
     pub fn row_value(&self, r: usize, a: &QActs) -> f32 {
         self.row_with(r, a, Isa::best())
     }
@@ -305,14 +344,14 @@ impl QMatrix {
         assert_eq!(out.len(), rows * n, "output length");
         assert!(k.is_multiple_of(BLOCK), "k must be a multiple of {BLOCK}");
         let acts: Vec<QActs> = (0..rows)
-            .map(|t| quantize_acts(&x[t * k..(t + 1) * k], self.wide()))
+            .map(|t| quantize_acts(&x[t * k..(t + 1) * k], self.act_format()))
             .collect();
         let out_ptr = threads::SendPtr(out.as_mut_ptr());
         threads::par_ranges(n, 16, |lo, hi| {
             let out = out_ptr;
             let mut first = 0; // the first token the row-by-row loop below still has to do
             #[cfg(target_arch = "x86_64")]
-            if matches!(isa, Isa::Avx512 | Isa::Avx512Vnni) {
+            if matches!(isa, Isa::Avx512 | Isa::Avx512Vnni) && self.act_format() != ActFormat::F32 {
                 // tiles of TILE_ROWS rows × TILE_TOKENS tokens; this task's rows stay in L2 across them
                 while first + TILE_TOKENS <= rows {
                     let a: [&QActs; TILE_TOKENS] = std::array::from_fn(|j| &acts[first + j]);
@@ -468,6 +507,16 @@ fn row_dot(m: &QMatrix, r: usize, a: &QActs) -> f32 {
         }
     };
     let row_scale = match &m.w {
+        QWeights::BF16 { w } => {
+            // sixteen lanes: lane l takes elements l, l + 16, ...; lanes l and l + 8 are the two
+            // accumulator sets of the other formats
+            let w = &w[r * k..(r + 1) * k];
+            for (j, (wv, &x)) in w.iter().zip(&a.f).enumerate() {
+                let lane = j % (2 * LANES);
+                acc[lane] = wv.to_f32().mul_add(x, acc[lane]);
+            }
+            1.0
+        }
         QWeights::Q8 { q, scale } => {
             for b in 0..bpr {
                 let x = &a.q16[b * BLOCK..(b + 1) * BLOCK];
@@ -585,6 +634,19 @@ mod x86 {
         };
         let mut offs = _mm256_setzero_ps();
         let row_scale = match &m.w {
+            QWeights::BF16 { w } => {
+                let (wp, x) = (w[r * k..].as_ptr() as *const u16, a.f.as_ptr());
+                for j in (0..k).step_by(2 * LANES) {
+                    for (h, set) in sets.iter_mut().enumerate() {
+                        let at = j + h * LANES;
+                        let wv =
+                            _mm256_cvtepu16_epi32(_mm_loadu_si128(wp.add(at) as *const __m128i));
+                        let wv = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(wv));
+                        *set = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.add(at)), *set);
+                    }
+                }
+                1.0
+            }
             QWeights::Q8 { q, scale } => {
                 let w = q[r * k..(r + 1) * k].as_ptr();
                 for b in 0..bpr {
@@ -726,6 +788,9 @@ mod x86 {
             }
         };
         match &m.w {
+            QWeights::BF16 { w } => {
+                lines(w.as_ptr().wrapping_add(r0 * k) as *const u8, count * k * 2)
+            }
             QWeights::Q8 { q, .. } => {
                 lines(q.as_ptr().wrapping_add(r0 * k) as *const u8, count * k)
             }
@@ -764,6 +829,21 @@ mod x86 {
         let mut offs = [_mm256_setzero_ps(); R];
         let mut row_scale = [1f32; R];
         match &m.w {
+            QWeights::BF16 { w } => {
+                let x = a.f.as_ptr();
+                let wp: [*const u16; R] =
+                    std::array::from_fn(|i| w[(r0 + i) * k..].as_ptr() as *const u16);
+                for j in (0..k).step_by(2 * LANES) {
+                    let xv = _mm512_loadu_ps(x.add(j));
+                    for i in 0..R {
+                        let wv = _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                            wp[i].add(j) as *const __m256i
+                        ));
+                        let wv = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(wv));
+                        acc[i] = _mm512_fmadd_ps(wv, xv, acc[i]);
+                    }
+                }
+            }
             QWeights::Q8 { q, scale } => {
                 let x = a.q16.as_ptr();
                 let w: [*const i8; R] = std::array::from_fn(|i| q[(r0 + i) * k..].as_ptr());
@@ -864,6 +944,7 @@ mod x86 {
             None => sx,
         };
         match &m.w {
+                    QWeights::BF16 { .. } => unreachable!("bf16 weights take no tiles"),
             QWeights::Q4 { nibbles, d, m: mw } => {
                 let nib: [*const u8; R] =
                     std::array::from_fn(|i| nibbles[(r0 + i) * k / 2..].as_ptr());
@@ -921,7 +1002,7 @@ mod x86 {
                         (std::array::from_fn(|i| d[(r0 + i) * bpr..].as_ptr()), None)
                     }
                     QWeights::Q8 { scale, .. } => ([std::ptr::null(); R], Some(scale)),
-                    QWeights::Q4 { .. } => unreachable!(),
+                    QWeights::Q4 { .. } | QWeights::BF16 { .. } => unreachable!(),
                 };
                 let w: [*const i8; R] = std::array::from_fn(|i| q[(r0 + i) * k..].as_ptr());
                 for g in 0..pairs.div_ceil(LANES) {
@@ -1045,6 +1126,7 @@ mod tests {
                 (QMatrix::quantize_q8(&w, n, k), 0.02),
                 (QMatrix::quantize_q8_blocks(&w, n, k), 0.01),
                 (QMatrix::quantize_q4(&w, n, k), 0.12),
+                (QMatrix::quantize_bf16(&w, n, k), 0.005),
             ] {
                 let mut portable = vec![0f32; rows * n];
                 m.matmul_with(&x, rows, &mut portable, Isa::Portable);
