@@ -123,6 +123,9 @@ def benchmark(
     reference: Annotated[
         bool, typer.Option("--reference/--no-reference", help="Also time transformers eager fp32")
     ] = True,
+    repeats: Annotated[
+        int, typer.Option("--repeats", "-r", min=1, help="Runs of each contender, interleaved; medians shown")
+    ] = 3,
 ) -> None:
     """Prefill and decode tokens/s and time to first token, next to transformers eager in the same run."""
     import torch
@@ -132,11 +135,15 @@ def benchmark(
 
     llm = _load(model, quant, device)
     ids = bench.prompt_ids(llm, prompt_tokens)
-    rows = [bench.measure_ours(llm, f"torchburn {quant}", ids, tokens)]
-    if reference:
-        ref = bench.load_transformers(Path(model) if model else default_model_path())
-        rows.append(bench.measure_transformers(ref, "transformers fp32 eager", ids, tokens))
-    print(f"machine: {torch.get_num_threads()} threads, torch {torch.__version__}")
+    ref = bench.load_transformers(Path(model) if model else default_model_path()) if reference else None
+    ours: list[bench.Speed] = []
+    theirs: list[bench.Speed] = []
+    for _ in range(repeats):  # interleaved, so that both see the same moments of a shared machine
+        ours.append(bench.measure_ours(llm, f"torchburn {quant}", ids, tokens))
+        if ref is not None:
+            theirs.append(bench.measure_transformers(ref, "transformers fp32 eager", ids, tokens))
+    rows = [bench.median(ours)] + ([bench.median(theirs)] if theirs else [])
+    print(f"machine: {torch.get_num_threads()} threads, torch {torch.__version__}; medians of {repeats} runs")
     print(bench.HEADER)
     for r in rows:
         print(r.row())

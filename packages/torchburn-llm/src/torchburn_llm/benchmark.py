@@ -34,6 +34,27 @@ class Speed:
         )
 
 
+def median(runs: list[Speed]) -> Speed:
+    """Each figure's median over repeated runs of one contender (this machine is shared and noisy)."""
+    if not runs:
+        raise ValueError("no runs to take the median of")
+
+    def mid(values: list[float]) -> float:
+        ordered = sorted(values)
+        n = len(ordered)
+        return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+    first = runs[0]
+    return Speed(
+        first.name,
+        first.prompt_tokens,
+        first.new_tokens,
+        mid([r.prefill_tok_s for r in runs]),
+        mid([r.decode_tok_s for r in runs]),
+        mid([r.ttft_ms for r in runs]),
+    )
+
+
 HEADER = (
     "| runtime | prompt tokens | prefill tok/s | first token ms | new tokens | decode tok/s |\n"
     "| --- | ---: | ---: | ---: | ---: | ---: |"

@@ -32,8 +32,8 @@ class FastCall:
     def __call__(self, *args: Any) -> tuple[Any, ...] | None: ...
 
 class QMatrix:
-    """A weight matrix [n, k] quantized for the LLM runtime: kind "int8" (per row), "int8-blocks" or
-    "int4" (blocks of 32)."""
+    """A weight matrix [n, k] quantized for the LLM runtime: kind "int8" (per row), "int8-blocks",
+    "int4" (blocks of 32) or "bf16"."""
 
     @staticmethod
     def quantize(ptr: int, n: int, k: int, kind: str) -> QMatrix: ...
