@@ -145,6 +145,13 @@ impl Decoder {
     /// Every address the decoder holds must be live; `io`'s buffers must have the sizes [`StepIo`]
     /// names, with `pos < io.capacity`, and not overlap the weights.
     pub unsafe fn step(&self, token: usize, pos: usize, io: &StepIo) {
+        // a step is ~120 short parallel jobs with nothing of PyTorch's between them
+        threads::on_own_pool(|| self.step_on_pool(token, pos, io))
+    }
+
+    /// # Safety
+    /// As [`Decoder::step`].
+    unsafe fn step_on_pool(&self, token: usize, pos: usize, io: &StepIo) {
         let d = self.dims;
         let (hd, kvh) = (d.head_dim, d.kv_heads);
         let q_len = d.heads * hd;

@@ -69,6 +69,33 @@ static REQUESTED: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
     static IN_WORKER: Cell<bool> = const { Cell::new(false) };
+    /// Set by [`on_own_pool`]: this thread's jobs skip the shared OpenMP team.
+    static OWN_POOL_HERE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The `GOMP_parallel` this thread's jobs go to, or 0 for the module's own pool.
+fn gomp_here() -> usize {
+    if OWN_POOL_HERE.with(|c| c.get()) {
+        0
+    } else {
+        GOMP_PARALLEL.load(SeqCst)
+    }
+}
+
+/// Runs `f` with this thread's parallel jobs on the module's own pool even where PyTorch's OpenMP
+/// team is shared: for a run of many short jobs with no PyTorch work between them (an LLM decode
+/// step: over a hundred jobs of tens of microseconds), where launching the team for each job costs
+/// about as much as the job. The pool's workers spin between those jobs and park soon after; PyTorch's
+/// team is idle meanwhile, so the two do not fight over the cores.
+pub fn on_own_pool<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            OWN_POOL_HERE.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(OWN_POOL_HERE.with(|c| c.replace(true)));
+    f()
 }
 
 /// `GOMP_parallel(fn, data, num_threads, flags)`, libgomp's entry point for `#pragma omp parallel`.
@@ -103,7 +130,7 @@ pub fn pool_kind() -> &'static str {
 
 /// Threads a parallel job runs on, the calling thread included.
 pub fn current() -> usize {
-    if GOMP_PARALLEL.load(SeqCst) != 0 {
+    if gomp_here() != 0 {
         return requested();
     }
     pool().workers + 1
@@ -196,7 +223,7 @@ pub fn parallel_for(n: usize, task: impl Fn(usize) + Sync) {
         finished: AtomicUsize::new(0),
         panicked: AtomicBool::new(false),
     };
-    let gomp = GOMP_PARALLEL.load(SeqCst);
+    let gomp = gomp_here();
     if gomp != 0 {
         let team = requested().min(n);
         if team <= 1 {
