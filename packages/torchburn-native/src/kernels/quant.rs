@@ -590,6 +590,12 @@ mod x86 {
         _mm_cvtss_f32(_mm_mul_ss(s, _mm_set_ss(scale)))
     }
 
+    /// Sixteen f16 from `p` as f32 (exact).
+    #[inline(always)]
+    unsafe fn f16x16(p: *const f16) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+
     /// One f16 as f32 (exact, as `f16::to_f32`).
     #[inline(always)]
     unsafe fn f32_of(v: f16) -> f32 {
@@ -712,10 +718,8 @@ mod x86 {
         let spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
         for g in 0..pairs.div_ceil(LANES) {
             let x = _mm512_loadu_ps(dx.add(g * 2 * LANES));
-            let scales: [__m512; R] = std::array::from_fn(|i| {
-                let w = _mm256_loadu_si256(dw[i].add(g * 2 * LANES) as *const __m256i);
-                _mm512_mul_ps(_mm512_cvtph_ps(w), x)
-            });
+            let scales: [__m512; R] =
+                std::array::from_fn(|i| _mm512_mul_ps(f16x16(dw[i].add(g * 2 * LANES)), x));
             for q in 0..LANES.min(pairs - g * LANES) {
                 let idx = _mm512_add_epi32(spread, _mm512_set1_epi32(2 * q as i32));
                 for (i, s) in scales.iter().enumerate() {
@@ -950,11 +954,7 @@ mod x86 {
                     std::array::from_fn(|i| nibbles[(r0 + i) * k / 2..].as_ptr());
                 let dw: [*const f16; R] = std::array::from_fn(|i| d[(r0 + i) * bpr..].as_ptr());
                 for g in 0..pairs.div_ceil(LANES) {
-                    let sw: [__m512; R] = std::array::from_fn(|i| {
-                        _mm512_cvtph_ps(_mm256_loadu_si256(
-                            dw[i].add(g * 2 * LANES) as *const __m256i
-                        ))
-                    });
+                    let sw: [__m512; R] = std::array::from_fn(|i| f16x16(dw[i].add(g * 2 * LANES)));
                     let sx: [__m512; C] = std::array::from_fn(|t| {
                         _mm512_loadu_ps(acts[t].d8.as_ptr().add(g * 2 * LANES))
                     });
@@ -1007,11 +1007,9 @@ mod x86 {
                 let w: [*const i8; R] = std::array::from_fn(|i| q[(r0 + i) * k..].as_ptr());
                 for g in 0..pairs.div_ceil(LANES) {
                     let sw: [Option<__m512>; R] = std::array::from_fn(|i| {
-                        per_row.is_none().then(|| {
-                            _mm512_cvtph_ps(_mm256_loadu_si256(
-                                dw[i].add(g * 2 * LANES) as *const __m256i
-                            ))
-                        })
+                        per_row
+                            .is_none()
+                            .then(|| f16x16(dw[i].add(g * 2 * LANES)))
                     });
                     let sx: [__m512; C] = std::array::from_fn(|t| {
                         _mm512_loadu_ps(acts[t].d16.as_ptr().add(g * 2 * LANES))
