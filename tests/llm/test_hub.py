@@ -15,19 +15,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-
-def _tiny_checkpoint(folder: Path, seed: int) -> None:
-    config = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-    )
-    torch.manual_seed(seed)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder, safe_serialization=True)
+from helpers import save_tiny_llama  # noqa: E402
 
 
 @pytest.fixture()
@@ -35,7 +23,7 @@ def hub_cache(tmp_path: Path) -> Path:
     """A Hugging Face cache holding ``acme/tiny`` at two revisions: ``main`` and tag ``v1``."""
     repo = tmp_path / "cache" / "models--acme--tiny"
     for ref, commit, seed in (("main", "a" * 40, 0), ("v1", "b" * 40, 1)):
-        _tiny_checkpoint(repo / "snapshots" / commit, seed)
+        save_tiny_llama(repo / "snapshots" / commit, seed=seed, layers=1, max_positions=32)
         (repo / "refs").mkdir(parents=True, exist_ok=True)
         (repo / "refs" / ref).write_text(commit)
     return tmp_path / "cache"

@@ -12,22 +12,13 @@ from safetensors.torch import load_file, save_file
 
 transformers = pytest.importorskip("transformers")
 
+from helpers import save_tiny_llama  # noqa: E402
 from torchburn_llm import LLM, ContextLengthError, ModelLoadError  # noqa: E402
 
 
 @pytest.fixture()
 def checkpoint(tmp_path: Path) -> Path:
-    config = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=24,
-    )
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path, safe_serialization=True)
+    save_tiny_llama(tmp_path, seed=0, layers=2, max_positions=24)
     return tmp_path
 
 

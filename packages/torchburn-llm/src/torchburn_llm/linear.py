@@ -14,6 +14,16 @@ QUANTS = ("fp32", "bf16", "int8", "int4")
 FORMATS = (*QUANTS, "int8-blocks")
 
 
+def kept_address(t: torch.Tensor | None, keep: list[torch.Tensor]) -> int:
+    """The address of ``t`` as contiguous f32 (0 for None), for native code that holds it; the tensor
+    behind the address joins ``keep``, which must outlive that code's use of it."""
+    if t is None:
+        return 0
+    t = t.detach().float().contiguous()
+    keep.append(t)
+    return int(t.data_ptr())
+
+
 class Linear:
     """``y = x @ W.T + b`` for ``x`` [..., K], ``W`` [N, K]."""
 
@@ -47,16 +57,11 @@ class Linear:
     def native_projection(self, keep: list[torch.Tensor]) -> tuple[Any, int]:
         """This projection as the native decoder takes it; tensors it refers to by address join ``keep``."""
 
-        def address(t: torch.Tensor) -> int:
-            t = t.detach().float().contiguous()
-            keep.append(t)
-            return int(t.data_ptr())
-
-        bias = 0 if self.bias is None else address(self.bias)
+        bias = kept_address(self.bias, keep)
         if self.packed is not None:
             return self.packed, bias
         assert self.weight is not None
-        return (address(self.weight), self.out_features, self.in_features), bias
+        return (kept_address(self.weight, keep), self.out_features, self.in_features), bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from .architectures import Architecture
 from .config import ModelConfig
 from .errors import ContextLengthError
-from .linear import Linear
+from .linear import Linear, kept_address
 from .rope import cos_sin, inverse_frequencies, rotate
 
 
@@ -176,11 +176,7 @@ class Transformer:
             keep: list[torch.Tensor] = []
 
             def address(t: torch.Tensor | None) -> int:
-                if t is None:
-                    return 0
-                t = t.detach().float().contiguous()
-                keep.append(t)
-                return int(t.data_ptr())
+                return kept_address(t, keep)
 
             cfg = self.cfg
             dims = (
