@@ -780,8 +780,8 @@ mod x86 {
     /// How far ahead of the rows being computed their weights are prefetched.
     const PREFETCH_ROWS: usize = 32;
 
-    /// Asks for `count` rows from `r0` on to be brought into L2, ahead of their use (addresses past the matrix are
-    /// harmless: a prefetch never faults).
+    /// Asks for `count` rows from `r0` on to be brought into L2 ahead of their use (addresses past
+    /// the matrix are harmless: a prefetch never faults).
     #[inline(always)]
     unsafe fn prefetch_rows(m: &QMatrix, r0: usize, count: usize) {
         let k = m.k;
