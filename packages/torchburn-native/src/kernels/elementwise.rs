@@ -14,8 +14,18 @@ use super::math;
 use super::strided::{for_runs, layout_of, load_run, store_run, Lane, Layout};
 use crate::plan::DType;
 
-/// Elements per chunk: 16 registers of f32 stay within a 32 KiB L1.
+/// The shortest chunk, in elements. A chain's chunk is as long as its register buffers allow within
+/// [`L1_BUDGET`], up to [`MAX_CHUNK`]: each chunk costs a fixed ~60 ns of dispatch (the step loop, a
+/// mispredicted loop exit per op), a quarter of a 512-element add streamed from memory.
 pub const CHUNK: usize = 512;
+const MAX_CHUNK: usize = 8192;
+/// Bytes of register buffers a chunk may use: half of a 32 KiB L1, leaving the rest to the operand
+/// streams passing through.
+const L1_BUDGET: usize = 16 << 10;
+/// Elements of padding after each register buffer. At exact multiples of 4 KiB apart, two buffers
+/// share their low 12 address bits, and a loop storing one while loading the other makes the CPU
+/// guess each load depends on the earlier store ("4K aliasing").
+const REG_PAD: usize = 16;
 /// Below this many elements a chain runs on the calling thread.
 const SERIAL_LIMIT: usize = 1 << 15;
 
@@ -608,9 +618,13 @@ enum Hoisted {
 #[derive(Clone, Debug)]
 pub struct Prepared {
     steps: Vec<Step>,
-    /// `(register, value)`, registers numbered from the code's `nregs` up
+    /// `(slot, value)`, in buffer slots of their own that no step writes
     hoisted: Vec<(usize, Hoisted)>,
-    nregs: usize,
+    /// register slots: those below `buffers` own a chunk buffer; the rest point into inputs
+    slots: usize,
+    buffers: usize,
+    /// elements per chunk
+    chunk: usize,
 }
 
 /// [`Prepared`] code for a chain computed in `domain` over these operands.
@@ -701,11 +715,114 @@ fn prepare(code: &[EOp], nregs: usize, inputs: &[View], outputs: &[View], lane: 
         }
         i += 1;
     }
+    let registers = nregs + hoisted.len();
+    let (slots, buffers) = assign_slots(&mut steps, &mut hoisted, registers);
+    let fit = L1_BUDGET / (buffers.max(1) * lane.size());
     Prepared {
         steps,
-        nregs: nregs + hoisted.len(),
         hoisted,
+        slots,
+        buffers,
+        chunk: (fit / 64 * 64).clamp(CHUNK, MAX_CHUNK),
     }
+}
+
+/// The operands a step reads.
+fn reads(step: &Step) -> impl Iterator<Item = usize> {
+    let (a, b, c) = match *step {
+        Step::Unary { a, .. } | Step::Store { a, .. } => (Some(a), None, None),
+        Step::Binary { a, b, .. } => (Some(a), Some(b), None),
+        Step::Where { c, a, b, .. } => (Some(c), Some(a), Some(b)),
+        Step::Alias { .. } | Step::Load { .. } | Step::Iota { .. } => (None, None, None),
+    };
+    a.into_iter().chain(b).chain(c)
+}
+
+/// Renames the code's registers to slots so that values whose lives do not overlap share a chunk
+/// buffer. Fewer buffers keep a chunk's working set in L1 at a longer chunk, and so fewer chunks.
+/// A step's destination never shares a buffer with its operands (they are borrowed as distinct
+/// slices). Values read in place from an input get slots above every buffer: they need only a
+/// pointer. Returns the number of slots and of buffers.
+fn assign_slots(
+    steps: &mut [Step],
+    hoisted: &mut [(usize, Hoisted)],
+    nregs: usize,
+) -> (usize, usize) {
+    // `slot_of[r]`: where register r's live value is; hoisted values own the first buffers for good
+    let mut slot_of: Vec<usize> = vec![usize::MAX; nregs];
+    for (i, (r, _)) in hoisted.iter_mut().enumerate() {
+        slot_of[*r] = i;
+        *r = i;
+    }
+    let pinned = hoisted.len();
+    let mut buffers = pinned;
+    let mut free: Vec<usize> = Vec::new();
+    let mut aliases = 0;
+    let alias_base = nregs; // no more buffers than registers can ever be live at once
+    for i in 0..steps.len() {
+        let step = steps[i];
+        let operands: Vec<usize> = reads(&step).collect();
+        let dst = match step {
+            Step::Alias { d, .. } | Step::Load { d, .. } | Step::Iota { d } => Some(d),
+            _ => dst_reg(&step),
+        };
+        // the register written here loses its old value (not among the operands: validate ensures it)
+        if let Some(d) = dst {
+            let old = slot_of[d];
+            if old >= pinned && old < alias_base && !operands.contains(&d) {
+                free.push(old);
+            }
+        }
+        let mut renamed = step;
+        let new_slot = |free: &mut Vec<usize>, buffers: &mut usize| {
+            free.pop().unwrap_or_else(|| {
+                *buffers += 1;
+                *buffers - 1
+            })
+        };
+        match &mut renamed {
+            Step::Alias { d, .. } => {
+                slot_of[*d] = alias_base + aliases;
+                aliases += 1;
+                *d = slot_of[*d];
+            }
+            Step::Load { d, .. } | Step::Iota { d } => {
+                slot_of[*d] = new_slot(&mut free, &mut buffers);
+                *d = slot_of[*d];
+            }
+            Step::Unary { a, .. } | Step::Store { a, .. } => *a = slot_of[*a],
+            Step::Binary { a, b, .. } => (*a, *b) = (slot_of[*a], slot_of[*b]),
+            Step::Where { c, a, b, .. } => (*c, *a, *b) = (slot_of[*c], slot_of[*a], slot_of[*b]),
+        }
+        if let (Some(d), true) = (
+            dst,
+            matches!(
+                step,
+                Step::Unary { .. } | Step::Binary { .. } | Step::Where { .. }
+            ),
+        ) {
+            slot_of[d] = new_slot(&mut free, &mut buffers);
+            set_dst(&mut renamed, Dst::Reg(slot_of[d]));
+        }
+        // operands read for the last time give their buffers back, after the destination is chosen
+        let later = &steps[i + 1..];
+        let mut done: Vec<usize> = operands
+            .into_iter()
+            .filter(|&r| !read_later(later, r) && dst != Some(r))
+            .collect();
+        done.extend(dst.filter(|&d| !read_later(later, d)));
+        done.sort_unstable();
+        done.dedup();
+        for r in done {
+            let slot = slot_of[r];
+            if slot >= pinned && slot < alias_base {
+                free.push(slot);
+            }
+            slot_of[r] = usize::MAX;
+        }
+        steps[i] = renamed;
+    }
+    (alias_base + aliases, buffers)
 }
 
 fn dst_reg(step: &Step) -> Option<usize> {
@@ -747,10 +864,11 @@ fn read_later(steps: &[Step], r: usize) -> bool {
     false
 }
 
-/// A task's registers: `nregs` chunk buffers and, per register, where its current value lives (its
-/// buffer, or an input read in place).
+/// A task's registers: chunk buffers `stride` elements apart and, per slot, where its current value
+/// lives (its buffer, or an input read in place).
 struct Regs<'a, T> {
     buf: &'a mut [T],
+    stride: usize,
     at: Vec<*const T>,
 }
 
@@ -768,11 +886,16 @@ fn with_scratch<T: Arith, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
     let words = (len * std::mem::size_of::<T>()).div_ceil(8);
     SCRATCH.with(|cell| match cell.try_borrow_mut() {
         Ok(mut v) => {
-            if v.len() < words {
-                *v = vec![0u64; words];
+            // one cache line of slack, so the buffers can start on a line: a vector load or store
+            // that straddles two lines costs two accesses, on every element of every op
+            if v.len() < words + 8 {
+                *v = vec![0u64; words + 8];
             }
-            // SAFETY: the buffer holds at least `len` T-sized, T-aligned, initialized elements
-            let buf = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut T, len) };
+            let skip = v.as_ptr().align_offset(64);
+            // SAFETY: from a 64-byte boundary the buffer still holds at least `len` T-sized, T-aligned,
+            // initialized elements
+            let buf =
+                unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().add(skip) as *mut T, len) };
             f(buf)
         }
         Err(_) => f(&mut vec![T::default(); len]),
@@ -795,12 +918,13 @@ unsafe fn run_chunk<T: Arith>(
     let base = regs.buf.as_mut_ptr();
     let at = regs.at.as_mut_ptr();
     // SAFETY (all uses): `validate` and `prepare` keep every register index below the buffer count,
-    // a destination distinct from its operands, and the buffer holds nregs·CHUNK elements.
-    let buf = |r: usize| std::slice::from_raw_parts_mut(base.add(r * CHUNK), len);
+    // a destination distinct from its operands, and the buffer holds a stride per buffer slot.
+    let stride = regs.stride;
+    let buf = |r: usize| std::slice::from_raw_parts_mut(base.add(r * stride), len);
     let src = |r: usize| std::slice::from_raw_parts(*at.add(r), len);
     let dst = |d: Dst| match d {
         Dst::Reg(r) => {
-            *at.add(r) = base.add(r * CHUNK);
+            *at.add(r) = base.add(r * stride);
             buf(r)
         }
         Dst::Out(o) => std::slice::from_raw_parts_mut((outputs[o].ptr as *mut T).add(start), len),
@@ -919,14 +1043,15 @@ unsafe fn run_typed<T: Arith>(
         return;
     }
     let task = |lo: usize, hi: usize| {
-        let n = prepared.nregs.max(1);
-        with_scratch::<T, _>(n * CHUNK, |buf| {
+        let (chunk, stride) = (prepared.chunk, prepared.chunk + REG_PAD);
+        with_scratch::<T, _>(prepared.buffers * stride, |buf| {
             let mut regs = Regs {
                 buf,
-                at: vec![std::ptr::null(); n],
+                stride,
+                at: vec![std::ptr::null(); prepared.slots],
             };
             for &(r, h) in &prepared.hoisted {
-                let b = &mut regs.buf[r * CHUNK..(r + 1) * CHUNK];
+                let b = &mut regs.buf[r * stride..r * stride + chunk];
                 match h {
                     Hoisted::Const { value, ivalue } => b.fill(T::constant(value, ivalue)),
                     Hoisted::Scalar { input } => {
@@ -940,7 +1065,7 @@ unsafe fn run_typed<T: Arith>(
             }
             let mut s = lo;
             while s < hi {
-                let n = CHUNK.min(hi - s);
+                let n = chunk.min(hi - s);
                 f(shape, inputs, outputs, &prepared.steps, &mut regs, s, n);
                 s += n;
             }
@@ -951,7 +1076,8 @@ unsafe fn run_typed<T: Arith>(
         return task(0, total);
     }
     // a few tasks per thread balance load; each task is a whole number of chunks
-    let per = total.div_ceil(threads * 4).div_ceil(CHUNK).max(8) * CHUNK;
+    let chunk = prepared.chunk;
+    let per = total.div_ceil(threads * 4).div_ceil(chunk).max(8) * chunk;
     threads::parallel_for(total.div_ceil(per), |t| {
         task(t * per, ((t + 1) * per).min(total))
     });
@@ -1150,7 +1276,7 @@ mod tests {
         ];
         let p = prepare(&code, 4, &ins, &outs, DType::F32);
         assert_eq!(p.hoisted.len(), 3, "two constants and the scalar input");
-        assert!(matches!(p.steps[0], Step::Alias { d: 0, input: 0 }));
+        assert!(matches!(p.steps[0], Step::Alias { input: 0, .. }));
         let stores = p
             .steps
             .iter()
@@ -1168,6 +1294,66 @@ mod tests {
         for i in 0..n {
             assert_eq!(out1[i], x[i] * 3.0);
             assert_eq!(out0[i], (x[i] * 3.0 + 0.25) * 0.5);
+        }
+    }
+
+    #[test]
+    fn values_with_disjoint_lives_share_buffers_and_stay_correct() {
+        // x·x (one operand twice), a redefined register, a dead load, a value stored and read again,
+        // and a 3-buffer-deep chain over a length that is not a multiple of any chunk
+        let n = 20_011;
+        let mut x: Vec<f32> = (0..n).map(|i| (i % 97) as f32 * 0.05 - 2.0).collect();
+        let mut y: Vec<f32> = (0..n).map(|i| (i % 13) as f32 * 0.25 + 0.5).collect();
+        let mut xs: Vec<f32> = x.iter().rev().copied().collect(); // read through a negative stride
+        let (mut out0, mut out1) = (vec![0f32; n], vec![0f32; n]);
+        let bin = |d, f, a, b| EOp::Binary { d, f, a, b };
+        let code = vec![
+            EOp::Load { d: 0, input: 0 },
+            EOp::Load { d: 1, input: 1 },
+            EOp::Load { d: 6, input: 2 }, // read and then never used
+            bin(2, BinaryFn::Mul, 0, 0),
+            bin(3, BinaryFn::Add, 2, 1),
+            EOp::Store { a: 3, output: 1 },
+            EOp::Unary {
+                d: 4,
+                f: UnaryFn::Relu,
+                a: 3,
+            },
+            bin(2, BinaryFn::Sub, 4, 0), // register 2 redefined
+            bin(5, BinaryFn::Mul, 2, 3),
+            bin(4, BinaryFn::Div, 5, 1),
+            EOp::Store { a: 4, output: 0 },
+        ];
+        validate(&code, 7, 3, 2).unwrap();
+        let shape = [n];
+        let ins = [
+            view(&mut x, DType::F32, &shape, &[1]),
+            view(&mut y, DType::F32, &shape, &[1]),
+            View::new(
+                unsafe { xs.as_mut_ptr().add(n - 1) } as *mut u8,
+                DType::F32,
+                &shape,
+                &[-1],
+            ),
+        ];
+        let outs = [
+            view(&mut out0, DType::F32, &shape, &[1]),
+            view(&mut out1, DType::F32, &shape, &[1]),
+        ];
+        let p = prepare(&code, 7, &ins, &outs, DType::F32);
+        assert!(
+            p.buffers <= 4,
+            "{} buffers for at most 4 values live at once",
+            p.buffers
+        );
+        assert!(p.chunk > CHUNK, "few buffers buy a longer chunk");
+        unsafe { run(Domain::F32, &shape, &ins, &outs, &code, 7) };
+        for i in 0..n {
+            let (a, b) = (x[i], y[i]);
+            let t = a * a + b;
+            assert_eq!(out1[i], t, "{i}");
+            let u = (if t < 0.0 { 0.0 } else { t }) - a;
+            assert_eq!(out0[i], u * t / b, "{i}");
         }
     }
 
