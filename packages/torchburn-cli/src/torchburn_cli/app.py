@@ -155,14 +155,18 @@ def accuracy(
     tokens: Annotated[int, typer.Option("--tokens", "-t", min=64, help="Length of the evaluation text")] = 2048,
     quant: Annotated[list[str] | None, typer.Option("--quant", "-q", help="Formats to compare with fp32")] = None,
 ) -> None:
-    """Top-1 agreement and perplexity of quantized weights against fp32, teacher-forced on a long text."""
+    """Top-1 agreement and perplexity of quantized weights against fp32, teacher-forced on a long text,
+    on the prefill path (prompts) and the decode path (one token per step, as generation runs)."""
     from torchburn_llm import accuracy as acc
 
     reference = _load(model, "fp32", "cpu")
     ids = reference.encode(acc.evaluation_text())[:tokens]
     if len(ids) < tokens:
         raise ValueError(f"the evaluation text has only {len(ids)} tokens")
-    rows = [acc.compare(reference, _load(model, q, "cpu"), ids) for q in (quant or ["int8", "int4"])]
+    rows = []
+    for q in quant or ["int8", "int4"]:
+        candidate = _load(model, q, "cpu")
+        rows += [acc.compare(reference, candidate, ids, path) for path in acc.PATHS]
     print(acc.HEADER)
     for r in rows:
         print(r.row())

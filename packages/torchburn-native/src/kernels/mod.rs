@@ -8,6 +8,7 @@ pub mod index;
 pub mod math;
 pub mod norm;
 pub mod pool;
+pub mod qprefill;
 pub mod quant;
 pub mod reduce;
 pub mod softmax;

@@ -18,6 +18,7 @@
 
 use half::f16;
 
+use super::qprefill;
 use crate::threads;
 
 /// A prefill tile of the AVX-512 kernel: rows of W by tokens.
@@ -343,6 +344,9 @@ impl QMatrix {
         assert_eq!(x.len(), rows * k, "input length");
         assert_eq!(out.len(), rows * n, "output length");
         assert!(k.is_multiple_of(BLOCK), "k must be a multiple of {BLOCK}");
+        if rows >= qprefill::MIN_TOKENS {
+            return qprefill::matmul_on(self, x, rows, out, isa != Isa::Portable);
+        }
         let acts: Vec<QActs> = (0..rows)
             .map(|t| quantize_acts(&x[t * k..(t + 1) * k], self.act_format()))
             .collect();

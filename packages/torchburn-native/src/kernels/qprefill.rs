@@ -1,0 +1,324 @@
+//! Products of quantized weights with many tokens at once (an LLM's prefill).
+//!
+//! One token against the weights (decode) is bound by reading them, so those kernels keep the weights
+//! packed and quantize the activations to integers. Many tokens against the same rows are bound by
+//! arithmetic instead, and f32 FMAs beat the integer tiles there. The tokens are transposed once per
+//! product (k-major, so one k holds 16 tokens side by side in a vector); each task dequantizes its
+//! rows into f32 a group at a time, into L1, and multiplies the group with every token: per k, each
+//! row's weight broadcast times two vectors of tokens, into accumulators that stay in registers (the
+//! micro-kernel of a packed GEMM).
+//!
+//! Each (row, token) sums its products by fused multiply-adds in order of k. The dequantized values
+//! are the same on every path (a multiply, or a multiply and an add, each rounded once), so every ISA
+//! gives bit-identical results.
+
+use std::ops::Range;
+
+use multiversion::multiversion;
+
+use super::quant::{QMatrix, QWeights, BLOCK};
+use crate::threads;
+
+/// From this many tokens on, [`QMatrix::matmul`] takes this path: below it the dequantizing costs more
+/// than the faster products save.
+pub const MIN_TOKENS: usize = 8;
+/// Rows dequantized and multiplied together: 12 rows × 2 vectors of tokens are 24 accumulators,
+/// which with the two token vectors and a broadcast fill 27 of AVX-512's 32 registers.
+const GROUP: usize = 12;
+/// Tokens per vector.
+const LANES: usize = 16;
+
+/// `out[t·n + r] = Σ_k x[t·k + kk] · W[r, kk]` for `t` in `0..tokens`, over the thread pool.
+pub fn matmul(m: &QMatrix, x: &[f32], tokens: usize, out: &mut [f32]) {
+    matmul_on(m, x, tokens, out, true)
+}
+
+/// [`matmul`], on the SIMD micro-kernel where the CPU has it (`simd`) or the portable code.
+pub(crate) fn matmul_on(m: &QMatrix, x: &[f32], tokens: usize, out: &mut [f32], simd: bool) {
+    let (n, k) = (m.n, m.k);
+    assert_eq!(x.len(), tokens * k, "input length");
+    assert_eq!(out.len(), tokens * n, "output length");
+    // xt[kk·stride + t] = x[t·k + kk], tokens padded with zeros to whole vectors
+    let stride = tokens.next_multiple_of(LANES);
+    let mut xt = vec![0f32; k * stride];
+    for (t, row) in x.chunks_exact(k).enumerate() {
+        for (kk, &v) in row.iter().enumerate() {
+            xt[kk * stride + t] = v;
+        }
+    }
+    let xt = &xt;
+    let out_ptr = threads::SendPtr(out.as_mut_ptr());
+    threads::par_ranges(n.div_ceil(GROUP), 1, |lo, hi| {
+        let out = out_ptr;
+        let mut rows_f32 = vec![0f32; GROUP * k];
+        for g in lo..hi {
+            let r0 = g * GROUP;
+            let rows = GROUP.min(n - r0);
+            let w = &mut rows_f32[..rows * k];
+            dequantize_rows(m, r0..r0 + rows, w);
+            // SAFETY: this task alone writes columns r0..r0 + rows of every token's output row
+            unsafe { group_product(w, rows, k, xt, stride, tokens, out.get().add(r0), n, simd) };
+        }
+    });
+}
+
+/// Rows `rows` of the weights as f32 into `out` (`rows.len() · k` values).
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma+f16c",
+    "x86_64+avx2+fma+f16c",
+    "aarch64+neon"
+))]
+pub fn dequantize_rows(m: &QMatrix, rows: Range<usize>, out: &mut [f32]) {
+    let k = m.k;
+    let bpr = k / BLOCK;
+    assert_eq!(out.len(), rows.len() * k, "output length");
+    for (i, r) in rows.enumerate() {
+        let dst = &mut out[i * k..(i + 1) * k];
+        match &m.w {
+            QWeights::Q8 { q, scale } => {
+                let s = scale[r];
+                for (o, &v) in dst.iter_mut().zip(&q[r * k..(r + 1) * k]) {
+                    *o = v as f32 * s;
+                }
+            }
+            QWeights::Q8B { q, d } => {
+                for (b, (o, v)) in dst
+                    .chunks_exact_mut(BLOCK)
+                    .zip(q[r * k..(r + 1) * k].chunks_exact(BLOCK))
+                    .enumerate()
+                {
+                    let s = d[r * bpr + b].to_f32();
+                    for (o, &v) in o.iter_mut().zip(v) {
+                        *o = v as f32 * s;
+                    }
+                }
+            }
+            QWeights::Q4 {
+                nibbles,
+                d,
+                m: mins,
+            } => {
+                let nb = &nibbles[r * k / 2..(r + 1) * k / 2];
+                for (b, (o, q)) in dst
+                    .chunks_exact_mut(BLOCK)
+                    .zip(nb.chunks_exact(BLOCK / 2))
+                    .enumerate()
+                {
+                    let (s, lo) = (d[r * bpr + b].to_f32(), mins[r * bpr + b].to_f32());
+                    // fixed-length arrays: LLVM unpacks and converts sixteen nibbles per vector
+                    let q: &[u8; BLOCK / 2] = q.try_into().expect("a block's nibbles");
+                    let o: &mut [f32; BLOCK] = o.try_into().expect("a block");
+                    for j in 0..BLOCK / 2 {
+                        o[j] = (q[j] & 0x0F) as f32 * s + lo;
+                        o[j + BLOCK / 2] = (q[j] >> 4) as f32 * s + lo;
+                    }
+                }
+            }
+            QWeights::BF16 { w } => {
+                for (o, v) in dst.iter_mut().zip(&w[r * k..(r + 1) * k]) {
+                    *o = v.to_f32();
+                }
+            }
+        }
+    }
+}
+
+/// `out[t·ld + i] = Σ_kk w[i·k + kk] · xt[kk·stride + t]` for the group's `rows` rows and every token.
+///
+/// # Safety
+/// `out` must be valid for writes at `t·ld + i` for every token `t` and `i < rows`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn group_product(
+    w: &[f32],
+    rows: usize,
+    k: usize,
+    xt: &[f32],
+    stride: usize,
+    tokens: usize,
+    out: *mut f32,
+    ld: usize,
+    simd: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if simd
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("fma")
+    {
+        // SAFETY: the CPU has AVX-512F and FMA
+        return x86::group_product_avx512(w, rows, k, xt, stride, tokens, out, ld);
+    }
+    let _ = simd;
+    group_product_portable(w, rows, k, xt, stride, tokens, out, ld)
+}
+
+/// [`group_product`] in plain Rust: the same fused multiply-adds in the same order.
+#[allow(clippy::too_many_arguments)]
+#[multiversion(targets("x86_64+avx2+fma", "aarch64+neon"))]
+unsafe fn group_product_portable(
+    w: &[f32],
+    rows: usize,
+    k: usize,
+    xt: &[f32],
+    stride: usize,
+    tokens: usize,
+    out: *mut f32,
+    ld: usize,
+) {
+    let mut acc = vec![0f32; stride];
+    for i in 0..rows {
+        acc.fill(0.0);
+        for (kk, &wv) in w[i * k..(i + 1) * k].iter().enumerate() {
+            for (a, &xv) in acc.iter_mut().zip(&xt[kk * stride..(kk + 1) * stride]) {
+                *a = wv.mul_add(xv, *a);
+            }
+        }
+        for (t, &v) in acc.iter().enumerate().take(tokens) {
+            *out.add(t * ld + i) = v;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{GROUP, LANES};
+    use std::arch::x86_64::*;
+
+    /// Rows `i0..i0 + R` × tokens `t0..t0 + 16·V`: one accumulator per row and vector of tokens.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile<const R: usize, const V: usize>(
+        w: &[f32],
+        i0: usize,
+        k: usize,
+        xt: &[f32],
+        stride: usize,
+        t0: usize,
+        out_t: &mut [f32],
+    ) {
+        let ws: [*const f32; R] = std::array::from_fn(|i| w.as_ptr().add((i0 + i) * k));
+        let mut acc = [[_mm512_setzero_ps(); V]; R];
+        let mut x = xt.as_ptr().add(t0);
+        for kk in 0..k {
+            let xv: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(x.add(v * LANES)));
+            for i in 0..R {
+                let wv = _mm512_set1_ps(*ws[i].add(kk));
+                for v in 0..V {
+                    acc[i][v] = _mm512_fmadd_ps(wv, xv[v], acc[i][v]);
+                }
+            }
+            x = x.add(stride);
+        }
+        // each accumulator holds one row for 16 tokens: into the group's transposed result
+        for (i, row) in acc.iter().enumerate() {
+            for (v, a) in row.iter().enumerate() {
+                _mm512_storeu_ps(
+                    out_t.as_mut_ptr().add((i0 + i) * stride + t0 + v * LANES),
+                    *a,
+                );
+            }
+        }
+    }
+
+    /// [`super::group_product`] on AVX-512: 32 tokens at a time, then 16 (the last padded with zeros).
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,fma")]
+    pub unsafe fn group_product_avx512(
+        w: &[f32],
+        rows: usize,
+        k: usize,
+        xt: &[f32],
+        stride: usize,
+        tokens: usize,
+        out: *mut f32,
+        ld: usize,
+    ) {
+        let mut out_t = vec![0f32; rows * stride];
+        let out_t = &mut out_t[..];
+        let mut t = 0;
+        while t < tokens {
+            let wide = stride - t >= 2 * LANES;
+            if rows == GROUP {
+                if wide {
+                    tile::<GROUP, 2>(w, 0, k, xt, stride, t, out_t);
+                } else {
+                    tile::<GROUP, 1>(w, 0, k, xt, stride, t, out_t);
+                }
+            } else {
+                for i in 0..rows {
+                    if wide {
+                        tile::<1, 2>(w, i, k, xt, stride, t, out_t);
+                    } else {
+                        tile::<1, 1>(w, i, k, xt, stride, t, out_t);
+                    }
+                }
+            }
+            t += if wide { 2 * LANES } else { LANES };
+        }
+        for t in 0..tokens {
+            for i in 0..rows {
+                *out.add(t * ld + i) = out_t[i * stride + t];
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(len: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 11) as f64 / (1u64 << 53) as f64 - 0.5) as f32
+            })
+            .collect()
+    }
+
+    #[test]
+    fn tiles_match_the_portable_path_bit_for_bit_and_the_dequantized_product_closely() {
+        // 45 tokens: a 32-token tile and a 16-token one, part padding; 70 rows: groups of 12
+        // and a partial one
+        let (n, tokens) = (70, 45);
+        for k in [32, 576, 608] {
+            let w = data(n * k, k as u64);
+            let x = data(tokens * k, 7);
+            for m in [
+                QMatrix::quantize_q8(&w, n, k),
+                QMatrix::quantize_q8_blocks(&w, n, k),
+                QMatrix::quantize_q4(&w, n, k),
+                QMatrix::quantize_bf16(&w, n, k),
+            ] {
+                let mut portable = vec![0f32; tokens * n];
+                matmul_on(&m, &x, tokens, &mut portable, false);
+                let mut fast = vec![0f32; tokens * n];
+                matmul_on(&m, &x, tokens, &mut fast, true);
+                assert_eq!(fast, portable, "k={k}: the SIMD tiles differ");
+                // against the dequantized weights in f64: only f32 rounding of the sums remains
+                let mut wq = vec![0f32; n * k];
+                dequantize_rows(&m, 0..n, &mut wq);
+                for t in 0..tokens {
+                    for r in 0..n {
+                        let e: f64 = (0..k)
+                            .map(|j| x[t * k + j] as f64 * wq[r * k + j] as f64)
+                            .sum();
+                        let g = fast[t * n + r] as f64;
+                        assert!((g - e).abs() <= 1e-5 * (1.0 + e.abs()), "k={k}: {g} vs {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn dequantized_q4_is_d_times_q_plus_m() {
+        let w: Vec<f32> = (0..64).map(|i| 0.25 * (i % 16) as f32 - 1.5).collect();
+        let m = QMatrix::quantize_q4(&w, 2, 32);
+        let mut back = vec![0f32; 64];
+        dequantize_rows(&m, 0..2, &mut back);
+        assert_eq!(back, w);
+    }
+}
