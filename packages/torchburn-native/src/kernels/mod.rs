@@ -13,3 +13,5 @@ pub mod quant;
 pub mod reduce;
 pub mod softmax;
 pub mod strided;
+#[cfg(test)]
+pub mod testing;

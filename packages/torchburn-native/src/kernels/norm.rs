@@ -761,16 +761,11 @@ pub fn group_norm_f64(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::testing::uniform;
 
     fn data(len: usize, seed: u64, offset: f64) -> Vec<f64> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                offset + ((s >> 11) as f64 / (1u64 << 53) as f64 - 0.5) * 6.0
-            })
+        uniform(len, seed)
+            .map(|u| offset + (u - 0.5) * 6.0)
             .collect()
     }
 

@@ -1094,17 +1094,10 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::testing::uniform;
 
     fn data(len: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 11) as f64 / (1u64 << 53) as f64 - 0.5) as f32
-            })
-            .collect()
+        uniform(len, seed).map(|u| (u - 0.5) as f32).collect()
     }
 
     #[test]

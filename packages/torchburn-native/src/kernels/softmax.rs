@@ -503,6 +503,7 @@ pub fn softmax_f64(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::testing::uniform;
 
     fn reference(outer: usize, n: usize, inner: usize, x: &[f64], log: bool) -> Vec<f64> {
         let mut out = vec![0.0; x.len()];
@@ -524,15 +525,7 @@ mod tests {
     }
 
     fn data(len: usize, seed: u64) -> Vec<f64> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 11) as f64 / (1u64 << 53) as f64 - 0.5) * 16.0
-            })
-            .collect()
+        uniform(len, seed).map(|u| (u - 0.5) * 16.0).collect()
     }
 
     fn check_f32(outer: usize, n: usize, inner: usize, log: bool) {
