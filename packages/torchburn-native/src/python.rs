@@ -435,6 +435,49 @@ fn debug_last_call(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(d)
 }
 
+/// `outs[i][rows, n_i] = x[rows, k] @ W_i.T` for matrices of one width `k`: the tokens are read once
+/// for all of them (q, k and v of a prompt; gate and up).
+#[pyfunction]
+fn matmul_many(
+    py: Python<'_>,
+    mats: Vec<PyRef<'_, QMatrix>>,
+    x: usize,
+    rows: usize,
+    outs: Vec<usize>,
+) -> PyResult<()> {
+    if mats.len() != outs.len() {
+        return Err(PyValueError::new_err(format!(
+            "matmul_many got {} matrices and {} outputs",
+            mats.len(),
+            outs.len()
+        )));
+    }
+    if x == 0 || outs.contains(&0) {
+        return Err(PyValueError::new_err("matmul_many needs non-null buffers"));
+    }
+    let inner: Vec<std::sync::Arc<crate::kernels::quant::QMatrix>> =
+        mats.iter().map(|m| m.inner.clone()).collect();
+    let k = inner.first().map_or(0, |m| m.k);
+    if let Some(m) = inner.iter().find(|m| m.k != k) {
+        return Err(PyValueError::new_err(format!(
+            "matmul_many needs matrices of one width, got {k} and {}",
+            m.k
+        )));
+    }
+    py.detach(move || {
+        // SAFETY: the caller passes live contiguous f32 tensors of rows·k and rows·n_i elements
+        let xs = unsafe { std::slice::from_raw_parts(x as *const f32, rows * k) };
+        let mut os: Vec<&mut [f32]> = inner
+            .iter()
+            .zip(&outs)
+            .map(|(m, &o)| unsafe { std::slice::from_raw_parts_mut(o as *mut f32, rows * m.n) })
+            .collect();
+        let refs: Vec<&crate::kernels::quant::QMatrix> = inner.iter().map(|m| &**m).collect();
+        crate::kernels::qprefill::matmul_many(&refs, xs, rows, &mut os)
+    });
+    Ok(())
+}
+
 #[pyfunction]
 fn debug_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
@@ -448,6 +491,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<FastCall>()?;
     m.add_class::<QMatrix>()?;
     m.add_class::<Decoder>()?;
+    m.add_function(wrap_pyfunction!(matmul_many, m)?)?;
     m.add_function(wrap_pyfunction!(init_threads, m)?)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(share_openmp, m)?)?;

@@ -72,3 +72,18 @@ class Linear:
         out = torch.empty(*x.shape[:-1], self.out_features)
         self.packed.matmul(x.data_ptr(), rows, out.data_ptr())
         return out if self.bias is None else out + self.bias
+
+
+def project_many(linears: list[Linear], x: torch.Tensor) -> list[torch.Tensor]:
+    """``[lin(x) for lin in linears]``; quantized projections of one input (q, k and v; gate and up) go
+    to the native engine in one call that reads the tokens once for all of them."""
+    packed = [lin.packed for lin in linears]
+    if len(linears) < 2 or any(p is None for p in packed):
+        return [lin(x) for lin in linears]
+    from torchburn_native import _native
+
+    x = x.float().contiguous()
+    rows = x.numel() // linears[0].in_features
+    outs = [torch.empty(*x.shape[:-1], lin.out_features) for lin in linears]
+    _native.matmul_many(packed, x.data_ptr(), rows, [o.data_ptr() for o in outs])
+    return [o if lin.bias is None else o + lin.bias for lin, o in zip(linears, outs, strict=True)]

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from .architectures import Architecture
 from .config import ModelConfig
 from .errors import ContextLengthError
-from .linear import Linear, kept_address
+from .linear import Linear, kept_address, project_many
 from .rope import cos_sin, inverse_frequencies, rotate
 
 
@@ -234,9 +234,10 @@ class Transformer:
         cfg = self.cfg
         t, d, kvh = x.shape[0], cfg.head_dim, cfg.num_kv_heads
         group = cfg.num_heads // kvh
-        q = w.q(x).view(t, cfg.num_heads, d).transpose(0, 1)  # [Hq, T, D]
-        k = w.k(x).view(t, kvh, d).transpose(0, 1)  # [KVH, T, D]
-        v = w.v(x).view(t, kvh, d).transpose(0, 1)
+        q, k, v = project_many([w.q, w.k, w.v], x)
+        q = q.view(t, cfg.num_heads, d).transpose(0, 1)  # [Hq, T, D]
+        k = k.view(t, kvh, d).transpose(0, 1)  # [KVH, T, D]
+        v = v.view(t, kvh, d).transpose(0, 1)
         if w.q_norm is not None and w.k_norm is not None:
             q, k = rms_norm(q, w.q_norm, cfg.rms_eps), rms_norm(k, w.k_norm, cfg.rms_eps)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
@@ -253,4 +254,5 @@ class Transformer:
         return w.o(out)
 
     def _mlp(self, w: _Layer, x: torch.Tensor) -> torch.Tensor:
-        return w.down(F.silu(w.gate(x)) * w.up(x))
+        gate, up = project_many([w.gate, w.up], x)
+        return w.down(F.silu(gate) * up)

@@ -38,11 +38,36 @@ pub fn matmul(m: &QMatrix, x: &[f32], tokens: usize, out: &mut [f32]) {
     matmul_on(m, x, tokens, out, true)
 }
 
+/// Products of the same tokens with several matrices of one width (q, k and v; gate and up): the
+/// tokens are transposed once and every matrix's row groups share one parallel job.
+/// `outs[i][t·n_i + r] = Σ_k x[t·k + kk] · W_i[r, kk]`. Below [`MIN_TOKENS`] each product takes the
+/// decode kernels, as [`QMatrix::matmul`] would.
+pub fn matmul_many(ms: &[&QMatrix], x: &[f32], tokens: usize, outs: &mut [&mut [f32]]) {
+    assert_eq!(ms.len(), outs.len(), "one output per matrix");
+    if tokens < MIN_TOKENS {
+        for (m, out) in ms.iter().zip(outs.iter_mut()) {
+            m.matmul(x, tokens, out);
+        }
+        return;
+    }
+    matmul_many_on(ms, x, tokens, outs, true)
+}
+
 /// [`matmul`], on the SIMD micro-kernel where the CPU has it (`simd`) or the portable code.
 pub(crate) fn matmul_on(m: &QMatrix, x: &[f32], tokens: usize, out: &mut [f32], simd: bool) {
-    let (n, k) = (m.n, m.k);
+    matmul_many_on(&[m], x, tokens, &mut [out], simd)
+}
+
+fn matmul_many_on(ms: &[&QMatrix], x: &[f32], tokens: usize, outs: &mut [&mut [f32]], simd: bool) {
+    let k = ms.first().map_or(0, |m| m.k);
+    assert!(
+        ms.iter().all(|m| m.k == k),
+        "the matrices must share their width"
+    );
     assert_eq!(x.len(), tokens * k, "input length");
-    assert_eq!(out.len(), tokens * n, "output length");
+    for (m, out) in ms.iter().zip(outs.iter()) {
+        assert_eq!(out.len(), tokens * m.n, "output length");
+    }
     // xt[kk·stride + t] = x[t·k + kk], tokens padded with zeros to whole vectors
     let stride = tokens.next_multiple_of(LANES);
     let mut xt = vec![0f32; k * stride];
@@ -57,17 +82,34 @@ pub(crate) fn matmul_on(m: &QMatrix, x: &[f32], tokens: usize, out: &mut [f32], 
         }
     });
     let xt = &xt;
-    let out_ptr = threads::SendPtr(out.as_mut_ptr());
-    threads::par_ranges(n.div_ceil(GROUP), 1, |lo, hi| {
-        let out = out_ptr;
+    // the row groups of every matrix, numbered one after another
+    let firsts: Vec<usize> = ms
+        .iter()
+        .scan(0, |at, m| {
+            let first = *at;
+            *at += m.n.div_ceil(GROUP);
+            Some(first)
+        })
+        .collect();
+    let groups = firsts
+        .last()
+        .map_or(0, |&f| f + ms[ms.len() - 1].n.div_ceil(GROUP));
+    let out_ptrs: Vec<threads::SendPtr<f32>> = outs
+        .iter_mut()
+        .map(|o| threads::SendPtr(o.as_mut_ptr()))
+        .collect();
+    threads::par_ranges(groups, 1, |lo, hi| {
         let mut rows_f32 = vec![0f32; GROUP * k];
         for g in lo..hi {
-            let r0 = g * GROUP;
-            let rows = GROUP.min(n - r0);
+            let i = firsts.partition_point(|&f| f <= g) - 1;
+            let (m, out) = (ms[i], out_ptrs[i]);
+            let r0 = (g - firsts[i]) * GROUP;
+            let rows = GROUP.min(m.n - r0);
             let w = &mut rows_f32[..rows * k];
             dequantize_rows(m, r0..r0 + rows, w);
-            // SAFETY: this task alone writes columns r0..r0 + rows of every token's output row
-            unsafe { group_product(w, rows, k, xt, stride, tokens, out.get().add(r0), n, simd) };
+            // SAFETY: this task alone writes columns r0..r0 + rows of every token's output row of
+            // matrix i
+            unsafe { group_product(w, rows, k, xt, stride, tokens, out.get().add(r0), m.n, simd) };
         }
     });
 }
@@ -390,6 +432,29 @@ mod tests {
             dequantize_q4_row(nb, d, mins, &mut want);
             unsafe { x86::dequantize_q4_row(nb, d, mins, &mut got) };
             assert_eq!(got, want, "row {r}");
+        }
+    }
+
+    #[test]
+    fn several_matrices_at_once_equal_one_at_a_time() {
+        // q, k and v of different heights (one not a multiple of the row group), at prompt lengths
+        // on both sides of MIN_TOKENS
+        let k = 96;
+        let ms: Vec<QMatrix> = [(40, 1), (13, 2), (13, 3)]
+            .iter()
+            .map(|&(n, seed)| QMatrix::quantize_q4(&data(n * k, seed), n, k))
+            .collect();
+        for tokens in [3, MIN_TOKENS, 20] {
+            let x = data(tokens * k, 9);
+            let mut together: Vec<Vec<f32>> = ms.iter().map(|m| vec![0f32; tokens * m.n]).collect();
+            let mut outs: Vec<&mut [f32]> = together.iter_mut().map(|o| &mut o[..]).collect();
+            let refs: Vec<&QMatrix> = ms.iter().collect();
+            matmul_many(&refs, &x, tokens, &mut outs);
+            for (m, got) in ms.iter().zip(&together) {
+                let mut alone = vec![0f32; tokens * m.n];
+                m.matmul(&x, tokens, &mut alone);
+                assert_eq!(got, &alone, "{tokens} tokens, n = {}", m.n);
+            }
         }
     }
 
