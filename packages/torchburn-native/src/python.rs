@@ -196,26 +196,6 @@ impl QMatrix {
         })
     }
 
-    /// `out[rows, n] = x[rows, k] @ W.T` for contiguous f32 buffers at `x` and `out`.
-    fn matmul(&self, py: Python<'_>, x: usize, rows: usize, out: usize) -> PyResult<()> {
-        if x == 0 || out == 0 {
-            return Err(PyValueError::new_err("matmul needs non-null buffers"));
-        }
-        let (n, k) = (self.inner.n, self.inner.k);
-        // addresses cross into the GIL-free closure as integers (Send); the slices are rebuilt there
-        py.detach(move || {
-            // SAFETY: the caller passes live contiguous f32 tensors of rows·k and rows·n elements
-            let (xs, os) = unsafe {
-                (
-                    std::slice::from_raw_parts(x as *const f32, rows * k),
-                    std::slice::from_raw_parts_mut(out as *mut f32, rows * n),
-                )
-            };
-            self.inner.matmul(xs, rows, os)
-        });
-        Ok(())
-    }
-
     #[getter]
     fn shape(&self) -> (usize, usize) {
         (self.inner.n, self.inner.k)

@@ -67,18 +67,14 @@ class Linear:
         if self.packed is None:
             assert self.weight is not None
             return F.linear(x, self.weight, self.bias)
-        x = x.float().contiguous()
-        rows = x.numel() // self.in_features
-        out = torch.empty(*x.shape[:-1], self.out_features)
-        self.packed.matmul(x.data_ptr(), rows, out.data_ptr())
-        return out if self.bias is None else out + self.bias
+        return project_many([self], x)[0]
 
 
 def project_many(linears: list[Linear], x: torch.Tensor) -> list[torch.Tensor]:
     """``[lin(x) for lin in linears]``; quantized projections of one input (q, k and v; gate and up) go
     to the native engine in one call that reads the tokens once for all of them."""
     packed = [lin.packed for lin in linears]
-    if len(linears) < 2 or any(p is None for p in packed):
+    if any(p is None for p in packed):
         return [lin(x) for lin in linears]
     from torchburn_native import _native
 

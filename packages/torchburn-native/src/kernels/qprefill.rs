@@ -33,11 +33,6 @@ const LANES: usize = 16;
 /// of L2, however long the rows.
 const K_SLICE: usize = 512;
 
-/// `out[t·n + r] = Σ_k x[t·k + kk] · W[r, kk]` for `t` in `0..tokens`, over the thread pool.
-pub fn matmul(m: &QMatrix, x: &[f32], tokens: usize, out: &mut [f32]) {
-    matmul_on(m, x, tokens, out, true)
-}
-
 /// Products of the same tokens with several matrices of one width (q, k and v; gate and up): the
 /// tokens are transposed once and every matrix's row groups share one parallel job.
 /// `outs[i][t·n_i + r] = Σ_k x[t·k + kk] · W_i[r, kk]`. Below [`MIN_TOKENS`] each product takes the
@@ -53,7 +48,8 @@ pub fn matmul_many(ms: &[&QMatrix], x: &[f32], tokens: usize, outs: &mut [&mut [
     matmul_many_on(ms, x, tokens, outs, true)
 }
 
-/// [`matmul`], on the SIMD micro-kernel where the CPU has it (`simd`) or the portable code.
+/// `out[t·n + r] = Σ_k x[t·k + kk] · W[r, kk]` for `t` in `0..tokens`, over the thread pool, on the
+/// SIMD micro-kernel where the CPU has it (`simd`) or the portable code.
 pub(crate) fn matmul_on(m: &QMatrix, x: &[f32], tokens: usize, out: &mut [f32], simd: bool) {
     matmul_many_on(&[m], x, tokens, &mut [out], simd)
 }
@@ -82,18 +78,12 @@ fn matmul_many_on(ms: &[&QMatrix], x: &[f32], tokens: usize, outs: &mut [&mut [f
         }
     });
     let xt = &xt;
-    // the row groups of every matrix, numbered one after another
-    let firsts: Vec<usize> = ms
-        .iter()
-        .scan(0, |at, m| {
-            let first = *at;
-            *at += m.n.div_ceil(GROUP);
-            Some(first)
-        })
-        .collect();
-    let groups = firsts
-        .last()
-        .map_or(0, |&f| f + ms[ms.len() - 1].n.div_ceil(GROUP));
+    // the row groups of every matrix, numbered one after another: matrix i has firsts[i]..firsts[i + 1]
+    let mut firsts = vec![0];
+    for m in ms {
+        firsts.push(firsts[firsts.len() - 1] + m.n.div_ceil(GROUP));
+    }
+    let groups = firsts[ms.len()];
     let out_ptrs: Vec<threads::SendPtr<f32>> = outs
         .iter_mut()
         .map(|o| threads::SendPtr(o.as_mut_ptr()))
