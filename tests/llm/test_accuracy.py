@@ -24,5 +24,7 @@ def test_quantized_model_tracks_fp32(
     assert result.tokens == 2047
     if path == "decode":
         assert candidate.model.native_steps == 2047, "the decode path runs the native decoder"
+    else:
+        assert candidate.model.native_prefills == 8, "the prefill path runs the native prefill (8 chunks)"
     assert result.top1_agreement >= agreement, result.row()
     assert abs(result.perplexity_change) <= perplexity, result.row()

@@ -1,6 +1,7 @@
 """Parity with ``transformers`` in fp32 on tiny random models of every registered family: the same
 logits for a prompt, for every decode step of the native decoder, and the same 32-token greedy
-continuation through the KV cache."""
+continuation through the KV cache; and the native decode and prefill of quantized weights against the
+tensor-code path on the same weights."""
 
 from __future__ import annotations
 
@@ -121,3 +122,30 @@ def test_native_decode_of_quantized_weights_matches_the_tensor_path(tmp_path: Pa
         diff = (steps[0] - steps[1]).abs()
         assert float(diff.max()) <= 0.02 * scale and float(diff.mean()) <= 2e-3 * scale, (diff.max(), diff.mean())
         assert (steps[0].argmax(-1) == steps[1].argmax(-1)).float().mean() >= 0.9
+
+
+@pytest.mark.parametrize("quant", ["fp32", "bf16", "int8", "int4"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_native_prefill_matches_the_tensor_path(tmp_path: Path, family: str, quant: str) -> None:
+    _, folder = _tiny(tmp_path, family, intermediate_size=96)
+    model = LLM.from_pretrained(folder, quant=quant).model
+    assert model.native_prefill == (quant != "fp32")
+    ids = torch.randint(3, COMMON["vocab_size"], (100,), generator=torch.Generator().manual_seed(4))
+    runs = []
+    for native in (True, False):
+        model.native_prefill = native
+        cache = model.new_cache(128)
+        # 70 tokens (three blocks of queries), then 30 after them in the cache (past Mistral's window
+        # of 8 on both sides of the cut); then the last-token-only form of a third prompt
+        logits = torch.cat([model.forward(ids[:70], cache), model.forward(ids[70:], cache)])
+        last = model.forward(ids[:9], model.new_cache(16), last_only=True)
+        runs.append((logits, last, cache.keys[:, :, :100].clone(), cache.values[:, :, :100].clone()))
+    assert model.native_prefills == 3
+    (logits, last, keys, values), (want, want_last, want_keys, want_values) = runs
+    # the same weights and (quantized) products on both paths; only the order of f32 sums differs
+    scale = float(want.abs().max())
+    torch.testing.assert_close(logits, want, rtol=0, atol=1e-4 * scale)
+    torch.testing.assert_close(last, want_last, rtol=0, atol=1e-4 * scale)
+    torch.testing.assert_close(keys, want_keys, rtol=0, atol=1e-4 * float(want_keys.abs().max()))
+    torch.testing.assert_close(values, want_values, rtol=0, atol=1e-4 * float(want_values.abs().max()))
+    assert last.shape == (1, COMMON["vocab_size"])

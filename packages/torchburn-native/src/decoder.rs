@@ -236,12 +236,12 @@ impl Decoder {
 
 /// # Safety
 /// `addr` must hold `len` live f32.
-unsafe fn slice<'a>(addr: usize, len: usize) -> &'a [f32] {
+pub(crate) unsafe fn slice<'a>(addr: usize, len: usize) -> &'a [f32] {
     std::slice::from_raw_parts(addr as *const f32, len)
 }
 
 /// `out = x / sqrt(mean(x²) + eps) · w`.
-fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let ss: f32 = sum_squares(x);
     let r = 1.0 / (ss / x.len() as f32 + eps).sqrt();
     for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
@@ -295,7 +295,7 @@ fn dot16(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Rotary embedding in the "rotate half" layout: pairs are (i, i + D/2).
-fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+pub(crate) fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     let half = x.len() / 2;
     for i in 0..half {
         let (a, b) = (x[i], x[i + half]);
@@ -334,16 +334,27 @@ fn attend(q: &[f32], keys: &[f32], values: &[f32], scores: &mut [f32], out: &mut
     }
 }
 
-fn add_into(x: &mut [f32], y: &[f32]) {
+/// `x += y`.
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+pub(crate) fn add_into(x: &mut [f32], y: &[f32]) {
     for (a, &b) in x.iter_mut().zip(y) {
         *a += b;
     }
 }
 
-/// `g = silu(g) · u`.
-fn silu_mul(g: &mut [f32], u: &[f32]) {
+/// `g = silu(g) · u`, as `g / (1 + e^-g) · u` (PyTorch's form).
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+pub(crate) fn silu_mul(g: &mut [f32], u: &[f32]) {
     for (a, &b) in g.iter_mut().zip(u) {
-        *a = *a / (1.0 + (-*a).exp()) * b;
+        *a = *a / (1.0 + exp_f32(-*a)) * b;
     }
 }
 
@@ -419,6 +430,21 @@ mod tests {
         ];
         for (a, b) in x.iter().zip(want) {
             assert!((a - b).abs() < 1e-6, "{x:?} vs {want:?}");
+        }
+    }
+
+    #[test]
+    fn silu_mul_is_g_sigmoid_g_times_u() {
+        let mut g: Vec<f32> = (0..37).map(|i| i as f32 * 0.37 - 6.0).collect();
+        let u: Vec<f32> = (0..37).map(|i| 1.0 - i as f32 * 0.05).collect();
+        let want: Vec<f64> = g
+            .iter()
+            .zip(&u)
+            .map(|(&a, &b)| a as f64 / (1.0 + (-a as f64).exp()) * b as f64)
+            .collect();
+        silu_mul(&mut g, &u);
+        for (got, want) in g.iter().zip(want) {
+            assert!((*got as f64 - want).abs() < 1e-6, "{got} vs {want}");
         }
     }
 

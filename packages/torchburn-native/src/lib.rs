@@ -11,6 +11,7 @@
 pub mod decoder;
 pub mod kernels;
 pub mod plan;
+pub mod prefill;
 pub mod program;
 pub mod threads;
 

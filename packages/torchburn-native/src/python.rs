@@ -363,6 +363,56 @@ impl Decoder {
         Ok(())
     }
 
+    /// Runs the prompt `tokens` at positions `start..start + T`: their keys and values go to the caches
+    /// (as in [`Decoder::step`]), `cos` / `sin` hold the positions' rotary tables (`[T, head_dim]`
+    /// f32 each), and `logits` receives the last token's logits (`vocab` f32), or every token's
+    /// (`[T, vocab]`) with `all_logits`.
+    #[allow(clippy::too_many_arguments)]
+    fn prefill(
+        &self,
+        py: Python<'_>,
+        tokens: Vec<usize>,
+        start: usize,
+        keys: usize,
+        values: usize,
+        capacity: usize,
+        cos: usize,
+        sin: usize,
+        logits: usize,
+        all_logits: bool,
+    ) -> PyResult<()> {
+        let d = self.inner.dims;
+        if let Some(bad) = tokens.iter().find(|&&t| t >= d.vocab) {
+            return Err(PyIndexError::new_err(format!(
+                "token id {bad} is out of bounds for a vocabulary of {}",
+                d.vocab
+            )));
+        }
+        if start.saturating_add(tokens.len()) > capacity {
+            return Err(PyIndexError::new_err(format!(
+                "positions {start}..{} do not fit a KV cache of {capacity} positions",
+                start.saturating_add(tokens.len())
+            )));
+        }
+        if [keys, values, cos, sin, logits].contains(&0) {
+            return Err(PyValueError::new_err("prefill buffers must be non-null"));
+        }
+        py.detach(move || {
+            let io = crate::prefill::PrefillIo {
+                keys: keys as *mut f32,
+                values: values as *mut f32,
+                capacity,
+                cos: cos as *const f32,
+                sin: sin as *const f32,
+                logits: logits as *mut f32,
+                all_logits,
+            };
+            // SAFETY: as in `step`
+            unsafe { self.inner.prefill(&tokens, start, &io) }
+        });
+        Ok(())
+    }
+
     #[getter]
     fn num_layers(&self) -> usize {
         self.inner.layers.len()

@@ -2,8 +2,10 @@
 
 One sequence at a time. ``forward(ids)`` runs the new tokens [T] through every layer at the positions
 after those already cached (prefill: T = the prompt; decode: T = 1) and returns their logits [T, vocab].
-Prefill is tensor code over GEMMs; a decode step is one call into the native engine's decoder, which
-runs every layer on the same weights and KV cache (``native_decode=False`` keeps it in tensor code).
+A decode step is one call into the native engine's decoder, which runs every layer on the same weights
+and KV cache (``native_decode=False`` keeps it in tensor code); so is the prefill of a quantized model
+(``native_prefill``). The tensor code below is the reference both are tested against, and fp32's
+prefill, where PyTorch's BLAS is as fast as any.
 """
 
 from __future__ import annotations
@@ -82,6 +84,9 @@ class Transformer:
         self.inv_freq = inverse_frequencies(cfg)
         self.native_decode = True
         self.native_steps = 0  # decode steps run by the native decoder
+        # quantized prompts run natively too; fp32 ones stay in tensor code, on PyTorch's BLAS
+        self.native_prefill = quant != "fp32"
+        self.native_prefills = 0  # prompts run by the native decoder
         self._decoder: Any = None
         self._decoder_tensors: list[torch.Tensor] = []  # what the decoder holds addresses of
 
@@ -135,6 +140,8 @@ class Transformer:
         start = cache.length
         if t == 1 and self.native_decode:
             return self._decode_step(int(ids[0]), cache)
+        if t > 1 and self.native_prefill:
+            return self._native_prefill(ids, cache, last_only)
         positions = torch.arange(start, start + t)
         cos, sin = cos_sin(self.inv_freq, positions)  # [T, D]
         mask = self._mask(positions, start + t)  # [T, S]
@@ -164,6 +171,26 @@ class Transformer:
         )
         cache.length = pos + 1
         self.native_steps += 1
+        return logits
+
+    def _native_prefill(self, ids: torch.Tensor, cache: KVCache, last_only: bool) -> torch.Tensor:
+        """Logits of the prompt ``ids`` [T] (the last token's with ``last_only``) in one native call."""
+        start, t = cache.length, int(ids.shape[0])
+        cos, sin = cos_sin(self.inv_freq, torch.arange(start, start + t))  # [T, D] each
+        logits = torch.empty(1 if last_only else t, self.cfg.vocab_size)
+        self.native_decoder().prefill(
+            ids.tolist(),
+            start,
+            cache.keys.data_ptr(),
+            cache.values.data_ptr(),
+            cache.capacity,
+            cos.data_ptr(),
+            sin.data_ptr(),
+            logits.data_ptr(),
+            not last_only,
+        )
+        cache.length = start + t
+        self.native_prefills += 1
         return logits
 
     def native_decoder(self) -> Any:

@@ -48,7 +48,8 @@ class QMatrix:
 Projection = tuple[QMatrix | tuple[int, int, int], int]
 
 class Decoder:
-    """One decode step of a Llama-family model per call (embedding to logits, KV cache append).
+    """A Llama-family model's forward pass in one call: a decode step (one token) or a prompt's prefill
+    (many), from the embedding to the logits, appending to the KV cache.
 
     Holds addresses of f32 tensors (embedding, norms, f32 weights, biases): its owner keeps them alive
     and unchanged."""
@@ -67,6 +68,18 @@ class Decoder:
     ) -> None: ...
     def step(
         self, token: int, pos: int, keys: int, values: int, capacity: int, cos: int, sin: int, logits: int
+    ) -> None: ...
+    def prefill(
+        self,
+        tokens: list[int],
+        start: int,
+        keys: int,
+        values: int,
+        capacity: int,
+        cos: int,
+        sin: int,
+        logits: int,
+        all_logits: bool,
     ) -> None: ...
     @property
     def num_layers(self) -> int: ...
