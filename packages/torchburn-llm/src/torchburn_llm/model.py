@@ -20,7 +20,7 @@ from .architectures import Architecture
 from .config import ModelConfig
 from .errors import ContextLengthError
 from .linear import Linear, kept_address, project_many
-from .rope import cos_sin, inverse_frequencies, rotate
+from .rope import RotaryTable, inverse_frequencies, rotate
 
 
 class KVCache:
@@ -82,6 +82,7 @@ class Transformer:
         head = self.embed if cfg.tie_embeddings else tensors["lm_head.weight"]
         self.lm_head = Linear(head, None, head_quant)
         self.inv_freq = inverse_frequencies(cfg)
+        self.rotary = RotaryTable(self.inv_freq)
         self.native_decode = True
         self.native_steps = 0  # decode steps run by the native decoder
         # quantized prompts run natively too; fp32 ones stay in tensor code, on PyTorch's BLAS
@@ -143,7 +144,7 @@ class Transformer:
         if t > 1 and self.native_prefill:
             return self._native_prefill(ids, cache, last_only)
         positions = torch.arange(start, start + t)
-        cos, sin = cos_sin(self.inv_freq, positions)  # [T, D]
+        cos, sin = self.rotary.rows(start, t)  # [T, D]
         mask = self._mask(positions, start + t)  # [T, S]
         x = self.embed[ids]  # [T, H]
         for li, layer in enumerate(self.layers):
@@ -157,7 +158,7 @@ class Transformer:
     def _decode_step(self, token: int, cache: KVCache) -> torch.Tensor:
         """Logits [1, V] of one token at the next position, in one native call."""
         pos = cache.length
-        cos, sin = cos_sin(self.inv_freq, torch.tensor([pos]))  # [1, D] each
+        cos, sin = self.rotary.rows(pos, 1)  # [1, D] each
         logits = torch.empty(1, self.cfg.vocab_size)
         self.native_decoder().step(
             token,
@@ -176,7 +177,7 @@ class Transformer:
     def _native_prefill(self, ids: torch.Tensor, cache: KVCache, last_only: bool) -> torch.Tensor:
         """Logits of the prompt ``ids`` [T] (the last token's with ``last_only``) in one native call."""
         start, t = cache.length, int(ids.shape[0])
-        cos, sin = cos_sin(self.inv_freq, torch.arange(start, start + t))  # [T, D] each
+        cos, sin = self.rotary.rows(start, t)  # [T, D] each
         logits = torch.empty(1 if last_only else t, self.cfg.vocab_size)
         self.native_decoder().prefill(
             ids.tolist(),

@@ -36,6 +36,23 @@ def cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tens
     return emb.cos(), emb.sin()
 
 
+class RotaryTable:
+    """cos and sin rows of every position used so far, computed once: a decode step then reads its row
+    instead of running four torch operations (a tenth of a millisecond in a few-millisecond step). The
+    table grows by doubling; its rows equal :func:`cos_sin`'s exactly (the same elementwise math)."""
+
+    def __init__(self, inv_freq: torch.Tensor) -> None:
+        self.inv_freq = inv_freq
+        self.cos, self.sin = cos_sin(inv_freq, torch.arange(0))  # [N, D] each
+
+    def rows(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Contiguous cos and sin [count, D] of positions ``start .. start + count``."""
+        end = start + count
+        if end > self.cos.shape[0]:
+            self.cos, self.sin = cos_sin(self.inv_freq, torch.arange(max(end, 2 * self.cos.shape[0], 256)))
+        return self.cos[start:end], self.sin[start:end]
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x`` [..., T, D] by position: pairs are (i, i + D/2)."""
     half = x.shape[-1] // 2
