@@ -1,11 +1,12 @@
 //! Times a quantized matrix product over a prompt's worth of activation rows (prefill):
-//! `cargo run --release --no-default-features --example prefill_bench -- [tokens [n k]]`.
+//! `cargo run --release --no-default-features --example prefill_bench -- [tokens [n k [threads]]]`.
 use std::time::Instant;
 use torchburn_native::kernels::quant::QMatrix;
 
 fn main() {
     let arg = |i: usize, d: usize| std::env::args().nth(i).map_or(d, |s| s.parse().unwrap());
     let (t, n, k) = (arg(1, 128), arg(2, 1536), arg(3, 576));
+    torchburn_native::threads::init(arg(4, 2));
     let w: Vec<f32> = (0..n * k)
         .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
         .collect();
