@@ -14,6 +14,9 @@ fn main() {
                 sink.fetch_add(i, std::sync::atomic::Ordering::Relaxed);
             });
         }
-        println!("{threads} threads: {:.2} us per job", t.elapsed().as_secs_f64() / n as f64 * 1e6);
+        println!(
+            "{threads} threads: {:.2} us per job",
+            t.elapsed().as_secs_f64() / n as f64 * 1e6
+        );
     }
 }

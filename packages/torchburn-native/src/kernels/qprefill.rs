@@ -70,10 +70,18 @@ fn matmul_many_on(ms: &[&QMatrix], x: &[f32], tokens: usize, outs: &mut [&mut [f
     let xt_ptr = threads::SendPtr(xt.as_mut_ptr());
     threads::par_ranges(k, 64, |lo, hi| {
         let xt = xt_ptr;
-        for (t, row) in x.chunks_exact(k).enumerate() {
-            for (kk, &v) in row[lo..hi].iter().enumerate() {
+        // in tiles of 16 tokens: each row of xt is then written a cache line at a time, where a
+        // token at a time writes one float to each of `hi - lo` lines
+        for t0 in (0..tokens).step_by(LANES) {
+            let rows = &x[t0 * k..(t0 + LANES).min(tokens) * k];
+            for kk in lo..hi {
                 // SAFETY: this task alone writes rows lo..hi of xt
-                unsafe { *xt.get().add((lo + kk) * stride + t) = v };
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(xt.get().add(kk * stride + t0), LANES)
+                };
+                for (d, row) in dst.iter_mut().zip(rows.chunks_exact(k)) {
+                    *d = row[kk];
+                }
             }
         }
     });
