@@ -17,6 +17,7 @@ import torch
 
 from .config import ModelConfig, RopeScaling
 from .errors import ModelLoadError
+from .gguf_header import GGUFHeader
 
 # GGUF architecture -> config.json model_type
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -51,16 +52,12 @@ def hf_name(gguf_name: str) -> str:
 
 class GGUFCheckpoint:
     def __init__(self, path: Path) -> None:
-        from gguf import GGUFReader
-
         self.path = path
-        try:
-            self.reader = GGUFReader(str(path))
-        except Exception as exc:  # gguf raises ValueError, struct errors, ... for damaged files
-            raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from exc
-        self._tensors = {hf_name(t.name): t for t in self.reader.tensors}
+        self.header = GGUFHeader(path)
+        self.fields = self.header.fields
+        self._tensors = {hf_name(t.name): t for t in self.header.tensors}
         # GGUF lists dimensions fastest first; torch shapes are the reverse
-        self.shapes = {n: tuple(int(d) for d in reversed(t.shape)) for n, t in self._tensors.items()}
+        self.shapes = {n: tuple(int(d) for d in reversed(t.dims)) for n, t in self._tensors.items()}
         arch = self.field("general.architecture")
         if arch not in ARCHITECTURES:
             raise ModelLoadError(
@@ -70,8 +67,7 @@ class GGUFCheckpoint:
         self.config = self._config()
 
     def field(self, key: str, default: Any = None) -> Any:
-        f = self.reader.fields.get(key)
-        return default if f is None else f.contents()
+        return self.fields.get(key, default)
 
     def _config(self) -> ModelConfig:
         a = self.arch
@@ -84,7 +80,7 @@ class GGUFCheckpoint:
         elif kind not in ("none", None):
             raise ModelLoadError(f"{self.path}: rope scaling {kind!r} is not supported")
         eos = self.field("tokenizer.ggml.eos_token_id")
-        vocab = self.field(f"{a}.vocab_size") or len(self.reader.fields["tokenizer.ggml.tokens"].data)
+        vocab = self.field(f"{a}.vocab_size") or len(self.field("tokenizer.ggml.tokens", ()))
         return ModelConfig(
             model_type=ARCHITECTURES[a],
             vocab_size=int(vocab),
@@ -110,14 +106,29 @@ class GGUFCheckpoint:
 
     def load(self, names: list[str], progress: Callable[[int, int], None] | None = None) -> dict[str, torch.Tensor]:
         """The named tensors as fp32 (quantized ones dequantized), q/k rows in Hugging Face order."""
-        from gguf import quants
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
         cfg = self.config
         out: dict[str, torch.Tensor] = {}
         for name in names:
             t = self._tensors[name]
-            data = np.asarray(quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
-            w = torch.from_numpy(data.reshape(self.shapes[name]).copy())
+            try:
+                kind = GGMLQuantizationType(t.type)
+                block, block_bytes = GGML_QUANT_SIZES[kind]
+            except (ValueError, KeyError):
+                raise ModelLoadError(f"{self.path}: tensor {t.name} has unknown GGUF type {t.type}") from None
+            row = t.dims[0] if t.dims else 1
+            if row % block:
+                raise ModelLoadError(f"{self.path}: tensor {t.name}'s rows of {row} are not whole blocks of {block}")
+            rows = int(np.prod(t.dims[1:], dtype=np.int64))
+            raw = self.header.tensor_bytes(t, row // block * block_bytes, rows)
+            try:
+                data = np.asarray(quants.dequantize(raw, kind), dtype=np.float32)
+            except NotImplementedError as exc:
+                raise ModelLoadError(f"{self.path}: tensor {t.name}: {exc}") from None
+            if not data.flags.writeable:  # f32 tensors are views of the read-only file
+                data = data.copy()
+            w = torch.from_numpy(data.reshape(self.shapes[name]))
             if self.arch == "llama" and name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
                 heads = cfg.num_heads if "q_proj" in name else cfg.num_kv_heads
                 w = _unpermute_rows(w, heads)

@@ -50,4 +50,4 @@ def load_gguf(
     arch = architecture_for(cfg.model_type)
     arch.check(cfg, checkpoint.shapes, str(path))
     model = Transformer(arch, cfg, checkpoint.load(list(checkpoint.shapes), progress=progress), quant)
-    return arch, cfg, model, (tokenizer.from_gguf(checkpoint.reader.fields, str(path)), checkpoint.chat_template())
+    return arch, cfg, model, (tokenizer.from_gguf(checkpoint.fields, str(path)), checkpoint.chat_template())

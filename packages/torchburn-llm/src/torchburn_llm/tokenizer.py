@@ -23,16 +23,17 @@ def from_folder(folder: Path) -> Any:
 
 
 def from_gguf(fields: dict[str, Any], source: str) -> Any:
-    """A ``tokenizers`` tokenizer from GGUF metadata (``tokenizer.ggml.*``); GPT-2-style BPE only."""
+    """A ``tokenizers`` tokenizer from GGUF metadata (``tokenizer.ggml.*``, as plain values); GPT-2-style
+    BPE only."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     def strings(key: str) -> list[str]:
-        f = fields.get(key)
-        if f is None:
-            raise ModelLoadError(f"{source}: no {key} in the GGUF metadata")
-        return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+        values = fields.get(key)
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise ModelLoadError(f"{source}: no list of strings {key} in the GGUF metadata")
+        return values
 
-    kind = fields["tokenizer.ggml.model"].contents() if "tokenizer.ggml.model" in fields else None
+    kind = fields.get("tokenizer.ggml.model")
     if kind != "gpt2":
         raise ModelLoadError(f"{source}: GGUF tokenizer model {kind!r} is not supported (supported: gpt2)")
     tokens = strings("tokenizer.ggml.tokens")
@@ -40,8 +41,7 @@ def from_gguf(fields: dict[str, Any], source: str) -> Any:
     for m in strings("tokenizer.ggml.merges"):
         left, _, right = m.partition(" ")
         merges.append((left, right))
-    types_field = fields.get("tokenizer.ggml.token_type")
-    types = [int(types_field.parts[i][0]) for i in types_field.data] if types_field is not None else []
+    types = [int(t) for t in fields.get("tokenizer.ggml.token_type", [])]
     tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
     # digits one by one, then GPT-2's byte-level split (the pretokenization these BPE vocabularies use)
     tok.pre_tokenizer = pre_tokenizers.Sequence(
