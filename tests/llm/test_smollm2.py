@@ -56,3 +56,19 @@ def test_logits_and_greedy_continuation_match(ours: LLM, reference: tuple[Any, A
     # EOS ends ours without being returned; the reference includes it
     assert out == ref[: len(out)] and (len(out) == 32 or ref[len(out)] in ours.eos_ids)
     assert ours.tokenizer.decode(out, skip_special_tokens=True).startswith("The capital of France is Paris")
+
+
+def test_int4_keeps_the_files_q4_1_projections_exactly(ours: LLM, smollm2_path: Path) -> None:
+    # under int4 the file's Q4_1 blocks become the native weights as they are (no f32 round trip); a
+    # product over 16 tokens dequantizes them to f32, so it must match the fp32 model (the file's blocks
+    # dequantized by the gguf package, q/k rows put back in Hugging Face order) up to the order of sums
+    int4 = LLM.from_pretrained(smollm2_path, quant="int4")
+    generator = torch.Generator().manual_seed(7)
+    for index in (0, 29):
+        got, want = int4.model.layers[index], ours.model.layers[index]
+        for name in ("q", "k", "v", "o", "gate", "up", "down"):
+            lin, ref = getattr(got, name), getattr(want, name)
+            assert lin.weight is None and lin.packed.kind == "int4", name
+            inputs = torch.randn(16, ref.in_features, generator=generator)
+            y, y_ref = lin(inputs), ref(inputs)
+            torch.testing.assert_close(y, y_ref, rtol=0, atol=1e-5 * float(y_ref.abs().max()))

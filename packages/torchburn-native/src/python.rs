@@ -196,6 +196,25 @@ impl QMatrix {
         })
     }
 
+    /// Int4 weights `[n, k]` from GGUF Q4_1 blocks at `ptr` (`n · k / 32` blocks of 20 bytes, row
+    /// after row), kept as they are.
+    #[staticmethod]
+    fn from_q4_1(py: Python<'_>, ptr: usize, n: usize, k: usize) -> PyResult<Self> {
+        use crate::kernels::quant::{QMatrix as Q, BLOCK};
+        if ptr == 0 || n == 0 || k == 0 || !k.is_multiple_of(BLOCK) {
+            return Err(PyValueError::new_err(format!(
+                "Q4_1 weights need a non-empty matrix with rows of a multiple of {BLOCK}, got {n}x{k}"
+            )));
+        }
+        let len = n * k / BLOCK * Q::Q4_1_BLOCK_BYTES;
+        // SAFETY: the caller passes a live contiguous buffer of that many bytes
+        let raw = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
+        let inner = py.detach(|| Q::from_q4_1(raw, n, k));
+        Ok(QMatrix {
+            inner: std::sync::Arc::new(inner),
+        })
+    }
+
     #[getter]
     fn shape(&self) -> (usize, usize) {
         (self.inner.n, self.inner.k)

@@ -137,6 +137,25 @@ class GGUFCheckpoint:
                 progress(len(out), len(names))
         return out
 
+    def q4_1_weights(self, name: str) -> Any:
+        """The matrix ``name`` as native int4 weights taken straight from its Q4_1 blocks (q/k rows in
+        Hugging Face order), or None when the file stores it in another type."""
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+        from torchburn_native import _native
+
+        t = self._tensors[name]
+        if t.type != GGMLQuantizationType.Q4_1 or len(t.dims) != 2:
+            return None
+        k, n = t.dims
+        block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType.Q4_1]
+        if k % block:
+            return None
+        raw = torch.from_numpy(self.header.tensor_bytes(t, k // block * block_bytes, n).copy())  # [n, bytes]
+        if self.arch == "llama" and name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
+            raw = _unpermute_rows(raw, self.config.num_heads if "q_proj" in name else self.config.num_kv_heads)
+        raw = raw.contiguous()
+        return _native.QMatrix.from_q4_1(raw.data_ptr(), n, k)
+
     def chat_template(self) -> str | None:
         template = self.field("tokenizer.chat_template")
         return None if template is None else str(template)

@@ -47,6 +47,14 @@ class Linear:
             w = weight.float().contiguous()
             self.packed = _native.QMatrix.quantize(w.data_ptr(), self.out_features, self.in_features, quant)
 
+    @classmethod
+    def from_packed(cls, packed: Any, bias: torch.Tensor | None) -> Linear:
+        """A projection over weights already quantized natively (a ``_native.QMatrix``)."""
+        lin = cls.__new__(cls)
+        lin.out_features, lin.in_features = packed.shape
+        lin.bias, lin.quant, lin.weight, lin.packed = bias, packed.kind, None, packed
+        return lin
+
     @property
     def nbytes(self) -> int:
         if self.packed is not None:

@@ -38,7 +38,8 @@ def load_folder(
 def load_gguf(
     path: str | Path, progress: Progress | None = None, quant: str = "fp32"
 ) -> tuple[Architecture, ModelConfig, Transformer, Any]:
-    """Load a ``.gguf`` file, dequantized to fp32, with the tokenizer and chat template it carries
+    """Load a ``.gguf`` file, dequantized to fp32 (under int4, Q4_1 projections stay as stored), with the
+    tokenizer and chat template it carries
     (as a pair: the file's metadata is parsed once, which is most of a small model's load time)."""
     from . import tokenizer
 
@@ -49,5 +50,13 @@ def load_gguf(
     cfg = checkpoint.config
     arch = architecture_for(cfg.model_type)
     arch.check(cfg, checkpoint.shapes, str(path))
-    model = Transformer(arch, cfg, checkpoint.load(list(checkpoint.shapes), progress=progress), quant)
+    packed = {}
+    if quant == "int4":  # Q4_1 projections are our int4 grid already: kept as they are, no f32 round trip
+        for name in checkpoint.shapes:
+            if name.startswith("model.layers.") and name.endswith("_proj.weight"):
+                weights = checkpoint.q4_1_weights(name)
+                if weights is not None:
+                    packed[name] = weights
+    tensors = checkpoint.load([n for n in checkpoint.shapes if n not in packed], progress=progress)
+    model = Transformer(arch, cfg, tensors, quant, packed)
     return arch, cfg, model, (tokenizer.from_gguf(checkpoint.fields, str(path)), checkpoint.chat_template())

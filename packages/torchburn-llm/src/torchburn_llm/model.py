@@ -71,8 +71,16 @@ class Transformer:
     """fp32 weights held as torch tensors; the forward pass is plain tensor code (the reference path)."""
 
     def __init__(
-        self, arch: Architecture, cfg: ModelConfig, tensors: dict[str, torch.Tensor], quant: str = "fp32"
+        self,
+        arch: Architecture,
+        cfg: ModelConfig,
+        tensors: dict[str, torch.Tensor],
+        quant: str = "fp32",
+        packed: dict[str, Any] | None = None,
     ) -> None:
+        """``packed``: projection weights already in the native format of ``quant`` (a GGUF file's
+        Q4_1 blocks under int4), by name, in place of their entries in ``tensors``."""
+        packed = packed or {}
         self.arch, self.cfg, self.quant = arch, cfg, quant
         self.embed = tensors["model.embed_tokens.weight"]  # [V, H]
         self.norm = tensors["model.norm.weight"]
@@ -92,7 +100,10 @@ class Transformer:
         self._decoder_tensors: list[torch.Tensor] = []  # what the decoder holds addresses of
 
         def linear(name: str) -> Linear:
-            return Linear(tensors[name + ".weight"], tensors.get(name + ".bias"), quant)
+            bias = tensors.get(name + ".bias")
+            if name + ".weight" in packed:
+                return Linear.from_packed(packed[name + ".weight"], bias)
+            return Linear(tensors[name + ".weight"], bias, quant)
 
         self.layers = []
         for i in range(cfg.num_layers):

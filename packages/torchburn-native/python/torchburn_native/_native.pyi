@@ -37,6 +37,9 @@ class QMatrix:
 
     @staticmethod
     def quantize(ptr: int, n: int, k: int, kind: str) -> QMatrix: ...
+    @staticmethod
+    def from_q4_1(ptr: int, n: int, k: int) -> QMatrix:
+        """int4 weights kept as they are from GGUF Q4_1 blocks (n·k/32 blocks of 20 bytes at ``ptr``)."""
     @property
     def shape(self) -> tuple[int, int]: ...
     @property

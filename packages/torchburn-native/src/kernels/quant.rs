@@ -270,6 +270,40 @@ impl QMatrix {
         }
     }
 
+    /// Bytes of one block of GGUF's Q4_1: `d` and `m` (f16), then sixteen bytes of nibbles.
+    pub const Q4_1_BLOCK_BYTES: usize = 20;
+
+    /// Int4 weights taken as they are from GGUF Q4_1 blocks (`n · k / 32` of them, row after row):
+    /// the same grid and nibble order as [`QMatrix::quantize_q4`], so a file's int4 weights need no
+    /// round trip through f32.
+    pub fn from_q4_1(raw: &[u8], n: usize, k: usize) -> QMatrix {
+        assert!(
+            k.is_multiple_of(BLOCK),
+            "k must be a multiple of {BLOCK} for Q4"
+        );
+        let blocks = n * k / BLOCK;
+        assert_eq!(
+            raw.len(),
+            blocks * Self::Q4_1_BLOCK_BYTES,
+            "Q4_1 data length"
+        );
+        let mut nibbles = vec![0u8; n * k / 2];
+        let (mut d, mut m) = (vec![f16::ZERO; blocks], vec![f16::ZERO; blocks]);
+        for (b, block) in raw.chunks_exact(Self::Q4_1_BLOCK_BYTES).enumerate() {
+            d[b] = f16::from_le_bytes([block[0], block[1]]);
+            m[b] = f16::from_le_bytes([block[2], block[3]]);
+            nibbles[b * BLOCK / 2..][..BLOCK / 2].copy_from_slice(&block[4..]);
+        }
+        // zeros past the end, as `quantize_q4` leaves them
+        d.resize(blocks + 2 * LANES, f16::ZERO);
+        m.resize(blocks + LANES, f16::ZERO);
+        QMatrix {
+            n,
+            k,
+            w: QWeights::Q4 { nibbles, d, m },
+        }
+    }
+
     /// Blocks of 32 with `d = (max - min) / 15`, `m = min`, `q = round((w - m) / d)`.
     pub fn quantize_q4(w: &[f32], n: usize, k: usize) -> QMatrix {
         assert_eq!(w.len(), n * k, "weight length");
@@ -1136,6 +1170,31 @@ mod tests {
 
     fn data(len: usize, seed: u64) -> Vec<f32> {
         uniform(len, seed).map(|u| (u - 0.5) as f32).collect()
+    }
+
+    #[test]
+    fn q4_1_blocks_load_as_the_quantizer_would_write_them() {
+        let (n, k) = (5, 96);
+        let w = data(n * k, 11);
+        let q = QMatrix::quantize_q4(&w, n, k);
+        let QWeights::Q4 { nibbles, d, m } = &q.w else {
+            unreachable!()
+        };
+        // the same weights as GGUF would store them: d, m, then the nibbles, block after block
+        let raw: Vec<u8> = (0..n * k / BLOCK)
+            .flat_map(|b| {
+                let mut block = d[b].to_le_bytes().to_vec();
+                block.extend(m[b].to_le_bytes());
+                block.extend(&nibbles[b * BLOCK / 2..][..BLOCK / 2]);
+                block
+            })
+            .collect();
+        let loaded = QMatrix::from_q4_1(&raw, n, k);
+        let (mut want, mut got) = (vec![0f32; n * k], vec![0f32; n * k]);
+        qprefill::dequantize_rows(&q, 0..n, &mut want);
+        qprefill::dequantize_rows(&loaded, 0..n, &mut got);
+        assert_eq!(want, got);
+        assert_eq!(loaded.nbytes(), q.nbytes());
     }
 
     #[test]
