@@ -2,7 +2,7 @@
 //! `cargo run --release --no-default-features --example decode_bench -- [positions [threads]]`.
 use std::sync::Arc;
 use std::time::Instant;
-use torchburn_native::decoder::{Decoder, Dims, Layer, Projection, StepIo, Weight};
+use torchburn_native::decoder::{CacheIo, Decoder, Dims, Layer, Projection, Weight};
 use torchburn_native::kernels::quant::QMatrix;
 
 fn main() {
@@ -68,7 +68,7 @@ fn main() {
     let mut values = vec![0f32; 30 * kvh * cap * hd];
     let (cos, sin) = (vec![1f32; hd], vec![0f32; hd]);
     let mut logits = vec![0f32; vocab];
-    let io = StepIo {
+    let io = CacheIo {
         keys: keys.as_mut_ptr(),
         values: values.as_mut_ptr(),
         capacity: cap,

@@ -91,9 +91,10 @@ pub struct Decoder {
     pub layers: Vec<Layer>,
 }
 
-/// Where one step reads and writes: the KV cache `[layers, kv_heads, capacity, head_dim]` (keys and
-/// values), the rotary tables of the step's position (`head_dim` each) and the logits (`vocab`).
-pub struct StepIo {
+/// Where a call reads and writes: the KV cache `[layers, kv_heads, capacity, head_dim]` (keys and
+/// values), the rotary tables of the positions it runs (`[T, head_dim]` each; one row for a step) and
+/// the logits (`vocab` per token they are asked for).
+pub struct CacheIo {
     pub keys: *mut f32,
     pub values: *mut f32,
     pub capacity: usize,
@@ -142,16 +143,16 @@ impl Decoder {
     /// values at `pos` and its logits.
     ///
     /// # Safety
-    /// Every address the decoder holds must be live; `io`'s buffers must have the sizes [`StepIo`]
+    /// Every address the decoder holds must be live; `io`'s buffers must have the sizes [`CacheIo`]
     /// names, with `pos < io.capacity`, and not overlap the weights.
-    pub unsafe fn step(&self, token: usize, pos: usize, io: &StepIo) {
+    pub unsafe fn step(&self, token: usize, pos: usize, io: &CacheIo) {
         // a step is ~120 short parallel jobs with nothing of PyTorch's between them
         threads::on_own_pool(|| self.step_on_pool(token, pos, io))
     }
 
     /// # Safety
     /// As [`Decoder::step`].
-    unsafe fn step_on_pool(&self, token: usize, pos: usize, io: &StepIo) {
+    unsafe fn step_on_pool(&self, token: usize, pos: usize, io: &CacheIo) {
         let d = self.dims;
         let (hd, kvh) = (d.head_dim, d.kv_heads);
         let q_len = d.heads * hd;

@@ -12,7 +12,9 @@
 
 use multiversion::multiversion;
 
-use crate::decoder::{add_into, rms_norm, rotate, silu_mul, slice, Decoder, Projection, Weight};
+use crate::decoder::{
+    add_into, rms_norm, rotate, silu_mul, slice, CacheIo, Decoder, Projection, Weight,
+};
 use crate::kernels::gemm::{gemm, Mat, MatMut};
 use crate::kernels::math::exp_f32;
 use crate::kernels::qprefill;
@@ -22,32 +24,26 @@ use crate::threads::{self, SendPtr};
 /// prompts and the causal triangle's uneven blocks balance out.
 const QUERY_BLOCK: usize = 32;
 
-/// Where a prompt's pass reads and writes: the KV cache `[layers, kv_heads, capacity, head_dim]`
-/// (keys and values), rotary tables `[T, head_dim]` of the new positions, and the logits (`vocab` f32
-/// for the last token, or `[T, vocab]` with `all_logits`).
-pub struct PrefillIo {
-    pub keys: *mut f32,
-    pub values: *mut f32,
-    pub capacity: usize,
-    pub cos: *const f32,
-    pub sin: *const f32,
-    pub logits: *mut f32,
-    pub all_logits: bool,
-}
-
 impl Decoder {
-    /// Runs `tokens` at positions `start..start + T` (the cache holds `0..start`).
+    /// Runs `tokens` at positions `start..start + T` (the cache holds `0..start`), writing the last
+    /// token's logits, or every token's (`[T, vocab]`) with `all_logits`.
     ///
     /// # Safety
-    /// Every address the decoder holds must be live; `io`'s buffers must have the sizes [`PrefillIo`]
+    /// Every address the decoder holds must be live; `io`'s buffers must have the sizes [`CacheIo`]
     /// names, with `start + T <= io.capacity`, and not overlap the weights.
-    pub unsafe fn prefill(&self, tokens: &[usize], start: usize, io: &PrefillIo) {
-        threads::on_own_pool(|| self.prefill_on_pool(tokens, start, io))
+    pub unsafe fn prefill(&self, tokens: &[usize], start: usize, io: &CacheIo, all_logits: bool) {
+        threads::on_own_pool(|| self.prefill_on_pool(tokens, start, io, all_logits))
     }
 
     /// # Safety
     /// As [`Decoder::prefill`].
-    unsafe fn prefill_on_pool(&self, tokens: &[usize], start: usize, io: &PrefillIo) {
+    unsafe fn prefill_on_pool(
+        &self,
+        tokens: &[usize],
+        start: usize,
+        io: &CacheIo,
+        all_logits: bool,
+    ) {
         let d = self.dims;
         let t = tokens.len();
         if t == 0 {
@@ -109,7 +105,7 @@ impl Decoder {
             project_rows(&[&l.down], &gate, t, &mut [&mut proj]);
             add_into(&mut x, &proj);
         }
-        let rows = if io.all_logits { t } else { 1 };
+        let rows = if all_logits { t } else { 1 };
         let last = &x[(t - rows) * hidden..];
         let mut normed = vec![0f32; rows * hidden];
         norm_rows(last, slice(self.norm, hidden), d.eps, &mut normed);

@@ -237,6 +237,53 @@ impl QMatrix {
     }
 }
 
+/// The caller's buffers of one decoder call, as addresses (which may cross into `py.detach`).
+#[derive(Clone, Copy)]
+struct IoAddresses {
+    keys: usize,
+    values: usize,
+    capacity: usize,
+    cos: usize,
+    sin: usize,
+    logits: usize,
+}
+
+impl IoAddresses {
+    fn new(
+        keys: usize,
+        values: usize,
+        capacity: usize,
+        cos: usize,
+        sin: usize,
+        logits: usize,
+    ) -> PyResult<Self> {
+        if [keys, values, cos, sin, logits].contains(&0) {
+            return Err(PyValueError::new_err(
+                "the KV cache, rotary table and logits buffers must be non-null",
+            ));
+        }
+        Ok(IoAddresses {
+            keys,
+            values,
+            capacity,
+            cos,
+            sin,
+            logits,
+        })
+    }
+
+    fn get(self) -> crate::decoder::CacheIo {
+        crate::decoder::CacheIo {
+            keys: self.keys as *mut f32,
+            values: self.values as *mut f32,
+            capacity: self.capacity,
+            cos: self.cos as *const f32,
+            sin: self.sin as *const f32,
+            logits: self.logits as *mut f32,
+        }
+    }
+}
+
 /// A projection of the decoder from Python: `(weight, bias address or 0)`, the weight a [`QMatrix`]
 /// or `(address, n, k)` of a row-major f32 matrix.
 fn projection(obj: &Bound<'_, PyAny>) -> PyResult<crate::decoder::Projection> {
@@ -361,24 +408,10 @@ impl Decoder {
                 "position {pos} is out of bounds for a KV cache of {capacity} positions"
             )));
         }
-        if [keys, values, cos, sin, logits].contains(&0) {
-            return Err(PyValueError::new_err(
-                "decoder step buffers must be non-null",
-            ));
-        }
-        py.detach(move || {
-            let io = crate::decoder::StepIo {
-                keys: keys as *mut f32,
-                values: values as *mut f32,
-                capacity,
-                cos: cos as *const f32,
-                sin: sin as *const f32,
-                logits: logits as *mut f32,
-            };
-            // SAFETY: the caller passes live buffers of the documented sizes; the weights' owner keeps
-            // them alive (see the class docs)
-            unsafe { self.inner.step(token, pos, &io) }
-        });
+        let io = IoAddresses::new(keys, values, capacity, cos, sin, logits)?;
+        // SAFETY: the caller passes live buffers of the documented sizes; the weights' owner keeps
+        // them alive (see the class docs)
+        py.detach(move || unsafe { self.inner.step(token, pos, &io.get()) });
         Ok(())
     }
 
@@ -413,22 +446,9 @@ impl Decoder {
                 start.saturating_add(tokens.len())
             )));
         }
-        if [keys, values, cos, sin, logits].contains(&0) {
-            return Err(PyValueError::new_err("prefill buffers must be non-null"));
-        }
-        py.detach(move || {
-            let io = crate::prefill::PrefillIo {
-                keys: keys as *mut f32,
-                values: values as *mut f32,
-                capacity,
-                cos: cos as *const f32,
-                sin: sin as *const f32,
-                logits: logits as *mut f32,
-                all_logits,
-            };
-            // SAFETY: as in `step`
-            unsafe { self.inner.prefill(&tokens, start, &io) }
-        });
+        let io = IoAddresses::new(keys, values, capacity, cos, sin, logits)?;
+        // SAFETY: as in `step`
+        py.detach(move || unsafe { self.inner.prefill(&tokens, start, &io.get(), all_logits) });
         Ok(())
     }
 

@@ -63,6 +63,21 @@ class _Layer:
     down: Linear
 
 
+def _native_buffers(
+    cache: KVCache, cos: torch.Tensor, sin: torch.Tensor, logits: torch.Tensor
+) -> tuple[int, int, int, int, int, int]:
+    """What a native decoder call reads and writes besides the tokens: the KV cache (keys, values,
+    capacity), the rotary rows and the logits, as the addresses it takes."""
+    return (
+        cache.keys.data_ptr(),
+        cache.values.data_ptr(),
+        cache.capacity,
+        cos.data_ptr(),
+        sin.data_ptr(),
+        logits.data_ptr(),
+    )
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
@@ -171,16 +186,7 @@ class Transformer:
         pos = cache.length
         cos, sin = self.rotary.rows(pos, 1)  # [1, D] each
         logits = torch.empty(1, self.cfg.vocab_size)
-        self.native_decoder().step(
-            token,
-            pos,
-            cache.keys.data_ptr(),
-            cache.values.data_ptr(),
-            cache.capacity,
-            cos.data_ptr(),
-            sin.data_ptr(),
-            logits.data_ptr(),
-        )
+        self.native_decoder().step(token, pos, *_native_buffers(cache, cos, sin, logits))
         cache.length = pos + 1
         self.native_steps += 1
         return logits
@@ -190,17 +196,7 @@ class Transformer:
         start, t = cache.length, int(ids.shape[0])
         cos, sin = self.rotary.rows(start, t)  # [T, D] each
         logits = torch.empty(1 if last_only else t, self.cfg.vocab_size)
-        self.native_decoder().prefill(
-            ids.tolist(),
-            start,
-            cache.keys.data_ptr(),
-            cache.values.data_ptr(),
-            cache.capacity,
-            cos.data_ptr(),
-            sin.data_ptr(),
-            logits.data_ptr(),
-            not last_only,
-        )
+        self.native_decoder().prefill(ids.tolist(), start, *_native_buffers(cache, cos, sin, logits), not last_only)
         cache.length = start + t
         self.native_prefills += 1
         return logits
