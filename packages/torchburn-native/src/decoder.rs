@@ -178,8 +178,7 @@ impl Decoder {
             for (heads, norm) in [(&mut *q, l.q_norm), (&mut *k, l.k_norm)] {
                 for head in heads.chunks_exact_mut(hd) {
                     if let Some(w) = norm {
-                        let src = head.to_vec();
-                        rms_norm(&src, slice(w, hd), d.eps, head);
+                        rms_norm_in_place(head, slice(w, hd), d.eps);
                     }
                     rotate(head, cos, sin);
                 }
@@ -243,11 +242,23 @@ pub(crate) unsafe fn slice<'a>(addr: usize, len: usize) -> &'a [f32] {
 
 /// `out = x / sqrt(mean(x²) + eps) · w`.
 pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let ss: f32 = sum_squares(x);
-    let r = 1.0 / (ss / x.len() as f32 + eps).sqrt();
+    let r = rms_scale(x, eps);
     for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
         *o = v * r * g;
     }
+}
+
+/// [`rms_norm`] of `x` into itself (a head's q or k).
+pub(crate) fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let r = rms_scale(x, eps);
+    for (v, &g) in x.iter_mut().zip(w) {
+        *v = *v * r * g;
+    }
+}
+
+/// `1 / sqrt(mean(x²) + eps)`.
+fn rms_scale(x: &[f32], eps: f32) -> f32 {
+    1.0 / (sum_squares(x) / x.len() as f32 + eps).sqrt()
 }
 
 #[multiversion(targets(

@@ -13,7 +13,8 @@
 use multiversion::multiversion;
 
 use crate::decoder::{
-    add_into, rms_norm, rotate, silu_mul, slice, CacheIo, Decoder, Projection, Weight,
+    add_into, rms_norm, rms_norm_in_place, rotate, silu_mul, slice, CacheIo, Decoder, Projection,
+    Weight,
 };
 use crate::kernels::gemm::{gemm, Mat, MatMut};
 use crate::kernels::math::exp_f32;
@@ -77,8 +78,7 @@ impl Decoder {
                 threads::par_chunks_mut_min(heads, width, 8, |ti, row| {
                     for head in row.chunks_exact_mut(hd) {
                         if let Some(w) = norm {
-                            let src = head.to_vec();
-                            rms_norm(&src, w, d.eps, head);
+                            rms_norm_in_place(head, w, d.eps);
                         }
                         rotate(head, &cos[ti * hd..][..hd], &sin[ti * hd..][..hd]);
                     }

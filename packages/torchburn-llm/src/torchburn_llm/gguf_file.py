@@ -106,33 +106,18 @@ class GGUFCheckpoint:
 
     def load(self, names: list[str], progress: Callable[[int, int], None] | None = None) -> dict[str, torch.Tensor]:
         """The named tensors as fp32 (quantized ones dequantized), q/k rows in Hugging Face order."""
-        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+        from gguf import quants
 
-        cfg = self.config
         out: dict[str, torch.Tensor] = {}
         for name in names:
-            t = self._tensors[name]
-            try:
-                kind = GGMLQuantizationType(t.type)
-                block, block_bytes = GGML_QUANT_SIZES[kind]
-            except (ValueError, KeyError):
-                raise ModelLoadError(f"{self.path}: tensor {t.name} has unknown GGUF type {t.type}") from None
-            row = t.dims[0] if t.dims else 1
-            if row % block:
-                raise ModelLoadError(f"{self.path}: tensor {t.name}'s rows of {row} are not whole blocks of {block}")
-            rows = int(np.prod(t.dims[1:], dtype=np.int64))
-            raw = self.header.tensor_bytes(t, row // block * block_bytes, rows)
+            kind, raw = self._raw(name)
             try:
                 data = np.asarray(quants.dequantize(raw, kind), dtype=np.float32)
             except NotImplementedError as exc:
-                raise ModelLoadError(f"{self.path}: tensor {t.name}: {exc}") from None
+                raise ModelLoadError(f"{self.path}: tensor {self._tensors[name].name}: {exc}") from None
             if not data.flags.writeable:  # f32 tensors are views of the read-only file
                 data = data.copy()
-            w = torch.from_numpy(data.reshape(self.shapes[name]))
-            if self.arch == "llama" and name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
-                heads = cfg.num_heads if "q_proj" in name else cfg.num_kv_heads
-                w = _unpermute_rows(w, heads)
-            out[name] = w
+            out[name] = self._hf_rows(name, torch.from_numpy(data.reshape(self.shapes[name])))
             if progress is not None:
                 progress(len(out), len(names))
         return out
@@ -140,21 +125,38 @@ class GGUFCheckpoint:
     def q4_1_weights(self, name: str) -> Any:
         """The matrix ``name`` as native int4 weights taken straight from its Q4_1 blocks (q/k rows in
         Hugging Face order), or None when the file stores it in another type."""
-        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+        from gguf import GGMLQuantizationType
         from torchburn_native import _native
 
         t = self._tensors[name]
         if t.type != GGMLQuantizationType.Q4_1 or len(t.dims) != 2:
             return None
+        _, raw = self._raw(name)  # [n, bytes of a row's blocks]
+        blocks = self._hf_rows(name, torch.from_numpy(raw.copy())).contiguous()
         k, n = t.dims
-        block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType.Q4_1]
-        if k % block:
-            return None
-        raw = torch.from_numpy(self.header.tensor_bytes(t, k // block * block_bytes, n).copy())  # [n, bytes]
+        return _native.QMatrix.from_q4_1(blocks.data_ptr(), n, k)
+
+    def _raw(self, name: str) -> tuple[Any, np.ndarray]:
+        """The tensor's GGUF type and its bytes, [rows, bytes per row] (a row: the fastest dimension)."""
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        t = self._tensors[name]
+        try:
+            kind = GGMLQuantizationType(t.type)
+            block, block_bytes = GGML_QUANT_SIZES[kind]
+        except (ValueError, KeyError):
+            raise ModelLoadError(f"{self.path}: tensor {t.name} has unknown GGUF type {t.type}") from None
+        row = t.dims[0] if t.dims else 1
+        if row % block:
+            raise ModelLoadError(f"{self.path}: tensor {t.name}'s rows of {row} are not whole blocks of {block}")
+        rows = int(np.prod(t.dims[1:], dtype=np.int64))
+        return kind, self.header.tensor_bytes(t, row // block * block_bytes, rows)
+
+    def _hf_rows(self, name: str, w: torch.Tensor) -> torch.Tensor:
+        """``w``'s rows in Hugging Face order: llama.cpp reorders those of Llama q and k per head."""
         if self.arch == "llama" and name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
-            raw = _unpermute_rows(raw, self.config.num_heads if "q_proj" in name else self.config.num_kv_heads)
-        raw = raw.contiguous()
-        return _native.QMatrix.from_q4_1(raw.data_ptr(), n, k)
+            return _unpermute_rows(w, self.config.num_heads if "q_proj" in name else self.config.num_kv_heads)
+        return w
 
     def chat_template(self) -> str | None:
         template = self.field("tokenizer.chat_template")

@@ -362,11 +362,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::testing::uniform;
-
-    fn data(len: usize, seed: u64) -> Vec<f32> {
-        uniform(len, seed).map(|u| (u - 0.5) as f32).collect()
-    }
+    use crate::kernels::testing::centered as data;
 
     #[test]
     fn tiles_match_the_portable_path_bit_for_bit_and_the_dequantized_product_closely() {

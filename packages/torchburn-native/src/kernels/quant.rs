@@ -294,7 +294,13 @@ impl QMatrix {
             m[b] = f16::from_le_bytes([block[2], block[3]]);
             nibbles[b * BLOCK / 2..][..BLOCK / 2].copy_from_slice(&block[4..]);
         }
-        // zeros past the end, as `quantize_q4` leaves them
+        Self::q4(n, k, nibbles, d, m)
+    }
+
+    /// Q4 weights from their parts, with the zeros past the end that the SIMD code reads: scales
+    /// sixteen and offsets eight at a time.
+    fn q4(n: usize, k: usize, nibbles: Vec<u8>, mut d: Vec<f16>, mut m: Vec<f16>) -> QMatrix {
+        let blocks = n * k / BLOCK;
         d.resize(blocks + 2 * LANES, f16::ZERO);
         m.resize(blocks + LANES, f16::ZERO);
         QMatrix {
@@ -332,14 +338,7 @@ impl QMatrix {
                 nibbles[b * BLOCK / 2 + j] = q(xs[j]) | (q(xs[j + BLOCK / 2]) << 4);
             }
         }
-        // zeros past the end: the SIMD code reads scales sixteen and offsets eight at a time
-        d.resize(blocks + 2 * LANES, f16::ZERO);
-        m.resize(blocks + LANES, f16::ZERO);
-        QMatrix {
-            n,
-            k,
-            w: QWeights::Q4 { nibbles, d, m },
-        }
+        Self::q4(n, k, nibbles, d, m)
     }
 
     /// The activations this format's products take.
@@ -1166,11 +1165,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::testing::uniform;
-
-    fn data(len: usize, seed: u64) -> Vec<f32> {
-        uniform(len, seed).map(|u| (u - 0.5) as f32).collect()
-    }
+    use crate::kernels::testing::{centered as data, uniform};
 
     #[test]
     fn q4_1_blocks_load_as_the_quantizer_would_write_them() {

@@ -11,3 +11,8 @@ pub fn uniform(len: usize, seed: u64) -> impl Iterator<Item = f64> {
         (s >> 11) as f64 / (1u64 << 53) as f64
     })
 }
+
+/// `len` reproducible f32 values, uniform in [-0.5, 0.5), from `seed`.
+pub fn centered(len: usize, seed: u64) -> Vec<f32> {
+    uniform(len, seed).map(|u| (u - 0.5) as f32).collect()
+}
