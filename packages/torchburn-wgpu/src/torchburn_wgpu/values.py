@@ -1,0 +1,82 @@
+"""Tensors as a GPU program sees them while it is planned: a buffer slot plus a strided view of it.
+
+A view op never moves data: it computes new sizes, strides and offset. To get those exactly as
+PyTorch would (every view op, every corner case), the planner applies the op itself to a meta tensor
+laid out like the value, and reads the result's layout back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# how each supported dtype is stored in a WGSL array
+WGSL_TYPES = {torch.float32: "f32", torch.bool: "u32"}
+SUPPORTED_DTYPES = frozenset(WGSL_TYPES)
+ELEMENT_BYTES = 4  # every stored type above is 32-bit
+
+
+@dataclass(frozen=True)
+class Value:
+    """``shape``/``strides``/``offset`` (in elements) over the buffer in ``slot``, of ``numel`` elements."""
+
+    slot: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int
+    buffer_numel: int
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def wgsl_type(self) -> str:
+        return WGSL_TYPES[self.dtype]
+
+    def is_dense(self) -> bool:
+        """Contiguous, from the start of its buffer, covering all of it: usable as a plain array."""
+        return self.offset == 0 and self.numel == self.buffer_numel and self.strides == contiguous(self.shape)
+
+    def meta(self) -> torch.Tensor:
+        """A meta tensor with this value's layout, for computing view layouts with PyTorch itself."""
+        base = torch.empty(self.buffer_numel, dtype=self.dtype, device="meta")
+        return base.as_strided(self.shape, self.strides, self.offset)
+
+    def with_layout(self, t: torch.Tensor) -> Value:
+        """This value's buffer seen through the layout of meta tensor ``t`` (a view of ``meta()``)."""
+        return Value(self.slot, t.dtype, tuple(t.shape), tuple(t.stride()), int(t.storage_offset()), self.buffer_numel)
+
+
+def contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides = []
+    acc = 1
+    for size in reversed(shape):
+        strides.append(acc)
+        acc *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def broadcast_strides(value: Value, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides that read ``value`` as if broadcast to ``shape`` (size-1 and missing dims: stride 0)."""
+    lead = len(shape) - value.rank
+    if lead < 0:
+        raise ValueError(f"cannot broadcast shape {value.shape} to {shape}")
+    strides = [0] * lead
+    for size, stride, target in zip(value.shape, value.strides, shape[lead:], strict=True):
+        if size == target:
+            strides.append(stride if size != 1 else 0)
+        elif size == 1:
+            strides.append(0)
+        else:
+            raise ValueError(f"cannot broadcast shape {value.shape} to {shape}")
+    return tuple(strides)

@@ -1,0 +1,95 @@
+"""The execution model: strict results against eager, resident parameters, fusion, buffer reuse,
+only outputs read back, and layouts (views, non-contiguous inputs, zero sizes)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchburn_wgpu.program import recent_regions
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 256)).eval()
+
+
+def test_the_mlp_example_runs_whole_on_the_gpu(
+    gpu_compile: Callable[..., Any], assert_gpu_ran: Callable[..., None]
+) -> None:
+    model = _mlp()
+    x = torch.randn(32, 512)
+    with torch.no_grad():
+        got = gpu_compile(model)(x)
+        torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
+    assert_gpu_ran(3)
+
+
+def test_parameters_upload_once_and_again_only_when_changed(gpu_compile: Callable[..., Any]) -> None:
+    model = _mlp()
+    x = torch.randn(8, 512)
+    with torch.no_grad():
+        fast = gpu_compile(model)
+        fast(x)
+        (plan,) = recent_regions()[-1].plans.values()
+        first = plan.uploads  # every input once: 4 parameters and x
+        assert first == 5
+        fast(x)
+        assert plan.uploads == first  # nothing changed: nothing uploaded
+        x2 = torch.randn(8, 512)
+        torch.testing.assert_close(fast(x2), model(x2), rtol=1e-4, atol=1e-4)
+        assert plan.uploads == first + 1  # only the new activation
+        model[0].weight.mul_(2)  # in place: the version counter moves
+        torch.testing.assert_close(fast(x2), model(x2), rtol=1e-4, atol=1e-4)
+        assert plan.uploads == first + 2
+
+
+def test_an_elementwise_chain_is_one_kernel(
+    gpu_compile: Callable[..., Any], assert_gpu_ran: Callable[..., None]
+) -> None:
+    def chain(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid((x * y + 1.0).exp() - y) * 0.5
+
+    x, y = torch.randn(300, 7), torch.randn(7)
+    torch.testing.assert_close(gpu_compile(chain)(x, y), chain(x, y), rtol=1e-5, atol=1e-6)
+    (plan,) = recent_regions()[-1].plans.values()
+    assert [launch.family for launch in plan.launches] == ["elementwise"]
+    assert_gpu_ran(5)
+
+
+def test_intermediates_share_buffers(gpu_compile: Callable[..., Any]) -> None:
+    torch.manual_seed(1)
+    layers = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.Tanh()) for _ in range(6)]).eval()
+    x = torch.randn(16, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(gpu_compile(layers)(x), layers(x), rtol=1e-4, atol=1e-5)
+    (plan,) = recent_regions()[-1].plans.values()
+    intermediates = {s for launch in plan.launches for s in launch.slots[: launch.writes]}
+    buffers = {id(plan.buffers[s]) for s in intermediates}
+    assert len(intermediates) >= 12 and len(buffers) <= 4, (len(intermediates), len(buffers))
+
+
+def test_views_and_non_contiguous_inputs(gpu_compile: Callable[..., Any], assert_gpu_ran: Callable[..., None]) -> None:
+    def f(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return a.t() @ b[:, 1::2], (a.permute(1, 0)[2:, :] * 3).sum(0)
+
+    a = torch.randn(9, 6)
+    b = torch.randn(12, 9).t()  # non-contiguous input
+    assert not b.is_contiguous()
+    for got, want in zip(gpu_compile(f)(a, b), f(a, b), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert_gpu_ran(4)
+
+
+def test_zero_sizes_and_special_values(gpu_compile: Callable[..., Any], assert_gpu_ran: Callable[..., None]) -> None:
+    def f(x: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.relu(x) * 2, x.amax(-1), torch.softmax(x, -1), e + 1, e.sum(0)
+
+    x = torch.tensor([[float("nan"), 1.0, 2.0], [float("inf"), -1.0, 0.0], [float("-inf"), 3.0, -3.0]])
+    e = torch.empty(0, 4)
+    for got, want in zip(gpu_compile(f)(x, e), f(x, e), strict=True):
+        torch.testing.assert_close(got, want, equal_nan=True)
+    assert_gpu_ran(5)
