@@ -10,10 +10,10 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from torchburn.engines.base import Availability, Engine, NodeSpec, Program, Region
+from torchburn.fastpaths import FAST_PATHS
 from torchburn.hookspecs import hookimpl
 
 from . import __version__, _native
-from .decompositions import DECOMPOSITIONS
 from .lowering import OPS
 from .openmp import requested_pool, torch_gomp_parallel
 from .program import CompiledRegion
@@ -76,7 +76,7 @@ class NativeEngine(Engine):
         return frozenset(keep)
 
     def extra_decompositions(self) -> dict[Any, Callable[..., Any]]:
-        return dict(DECOMPOSITIONS)
+        return dict(FAST_PATHS)
 
     def supports(self, node: NodeSpec) -> bool | str:
         for spec in (*node.inputs, *node.outputs):

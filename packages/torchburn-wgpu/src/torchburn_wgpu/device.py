@@ -44,6 +44,7 @@ class Gpu:
     name: str
     backend: str
     f16: bool  # the adapter has `shader-f16`
+    f64: bool  # and `shader-f64` (a native wgpu feature: Vulkan and DX12 adapters may have it)
     max_binding_bytes: int  # the largest storage buffer one binding may cover
     max_buffer_bytes: int
     max_storage_buffers: int  # per shader stage
@@ -94,7 +95,7 @@ def _open() -> Gpu:
     adapter = _pick_adapter(wgpu, requested_backend())
     limits = adapter.limits
     features = set(adapter.features)
-    wanted_features = [f for f in ("shader-f16",) if f in features]
+    wanted_features = [f for f in ("shader-f16", "shader-f64") if f in features]
     # ask for what the adapter has, not WebGPU's portable defaults (8 storage buffers, 128 MiB bindings)
     required = {
         key: limits[key]
@@ -118,6 +119,7 @@ def _open() -> Gpu:
         name=f"{info.get('device', '?')} ({info.get('adapter_type', '?')}) via {info.get('backend_type', '?')}",
         backend=str(info.get("backend_type", "?")),
         f16="shader-f16" in wanted_features,
+        f64="shader-f64" in wanted_features,
         max_binding_bytes=int(limits["max-storage-buffer-binding-size"]),
         max_buffer_bytes=int(limits["max-buffer-size"]),
         max_storage_buffers=int(limits["max-storage-buffers-per-shader-stage"]),

@@ -5,14 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from torchburn.engines.base import Availability, Engine, NodeSpec, Program, Region
+from torchburn.fastpaths import FAST_PATHS
 from torchburn.hookspecs import hookimpl
 
 from . import __version__
 from .device import DeviceUnavailable, gpu, requested_backend
 from .lowering import OPS, keep_whole
 from .program import CompiledRegion
-from .values import ELEMENT_BYTES, SUPPORTED_DTYPES
+from .values import SUPPORTED_DTYPES, element_bytes
 
 
 class WgpuEngine(Engine):
@@ -21,9 +24,6 @@ class WgpuEngine(Engine):
     device = "gpu"
     version = __version__
     priority = 10  # below the CPU default: a GPU is picked by name or TORCHBURN_DEVICE=gpu
-    # the ATen opset is not complete yet (no convolution, pooling, indexing or integer tensors):
-    # nodes outside it run in PyTorch, and the conformance suite checks values, not coverage
-    partial_opset = True
     ops = OPS
 
     def availability(self) -> Availability:
@@ -36,20 +36,25 @@ class WgpuEngine(Engine):
     def keep_whole(self) -> frozenset[Any]:
         return keep_whole()
 
+    def extra_decompositions(self) -> dict[Any, Callable[..., Any]]:
+        return dict(FAST_PATHS)
+
     def supports(self, node: NodeSpec) -> bool | str:
         for spec in (*node.inputs, *node.outputs):
             if spec is None:
                 continue
             if spec.dtype not in SUPPORTED_DTYPES:
-                return f"dtype {spec.dtype} not supported (supported: float32, bool)"
+                return f"dtype {spec.dtype} not supported (supported: float32, float64, int64, int32, bool)"
+            if spec.dtype == torch.float64 and not gpu().f64:
+                return "float64 needs an adapter with shader-f64, which this one lacks"
             if spec.is_dynamic:
                 continue
             numel = 1
             for s in spec.shape:
                 numel *= int(s)
             limit = gpu().max_binding_bytes
-            if numel * ELEMENT_BYTES > limit:
-                nbytes = numel * ELEMENT_BYTES
+            if numel * element_bytes(spec.dtype) > limit:
+                nbytes = numel * element_bytes(spec.dtype)
                 return f"a tensor of {nbytes} bytes exceeds the adapter's largest storage binding ({limit} bytes)"
         return self.ops.supports(node)
 

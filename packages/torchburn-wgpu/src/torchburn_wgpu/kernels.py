@@ -86,19 +86,53 @@ def elementwise_source(out_type: str, input_types: Sequence[str], rank: int, bod
     inputs = "\n".join(
         f"@group(0) @binding({2 + k}) var<storage, read> in{k}: array<{t}>;" for k, t in enumerate(input_types)
     )
-    return shaders.source("elementwise", OUT_TYPE=out_type, INPUTS=inputs, RANK=str(rank), BODY=body)
+    uses_f64 = "f64" in (out_type, *input_types) or "f64" in body
+    return shaders.source(
+        "elementwise",
+        OUT_TYPE=out_type,
+        INPUTS=inputs,
+        RANK=str(rank),
+        BODY=body,
+        MATH64=shaders.math64() if uses_f64 else "",
+    )
 
 
-# what each reduction folds with, starts from and finishes with (``total`` the folded value, ``n`` the count)
+def f64_literal(x: float) -> str:
+    """A WGSL expression that is exactly float64(x)."""
+    if x != x or x in (float("inf"), float("-inf")):
+        bits = struct.unpack("<II", struct.pack("<d", x))
+        return f"bitcast<f64>(vec2<u32>({bits[0]}u, {bits[1]}u))"
+    return f"{x!r}lf"  # repr is exact and always has a point or an exponent
+
+
+# what each reduction folds with, starts from and finishes with (``total`` is the folded value,
+# ``position`` the winner's index in ARG mode), and the type it writes
 REDUCTIONS = {
-    "sum": ("a + b", "0.0", "total"),
-    "mean": ("a + b", "0.0", "total / f32(params[1])"),
-    "amax": ("tb_max(a, b)", "-bitcast<f32>(0x7f800000u)", "total"),
-    "amin": ("tb_min(a, b)", "bitcast<f32>(0x7f800000u)", "total"),
+    "sum": ("a + b", "0.0", "total", "f32"),
+    "mean": ("a + b", "0.0", "total / f32(params[1])", "f32"),
+    "amax": ("tb_max(a, b)", "-bitcast<f32>(0x7f800000u)", "total", "f32"),
+    "amin": ("tb_min(a, b)", "bitcast<f32>(0x7f800000u)", "total", "f32"),
+    "prod": ("a * b", "1.0", "total", "f32"),
+    "any": ("max(a, b)", "0.0", "select(0u, 1u, total != 0.0)", "u32"),
+    "all": ("min(a, b)", "1.0", "select(0u, 1u, total != 0.0)", "u32"),
+    "argmax": ("a", "0.0", "i32(position)", "i32"),
+    "argmin": ("a", "0.0", "i32(position)", "i32"),
 }
+LOADS = {"f32": "v", "u32": "f32(v)", "i32": "f32(v)"}
 
 
-def reduce_source(kind: str, out_rank: int, red_rank: int) -> str:
-    combine, init, finish = REDUCTIONS[kind]
-    fills = {"OUT_RANK": str(out_rank), "RED_RANK": str(red_rank), "COMBINE": combine, "INIT": init, "FINISH": finish}
+def reduce_source(kind: str, in_type: str, out_rank: int, red_rank: int) -> str:
+    combine, init, finish, out_type = REDUCTIONS[kind]
+    fills = {
+        "OUT_RANK": str(out_rank),
+        "RED_RANK": str(red_rank),
+        "IN_TYPE": in_type,
+        "OUT_TYPE": out_type,
+        "LOAD": LOADS[in_type],
+        "COMBINE": combine,
+        "INIT": init,
+        "FINISH": finish,
+        "ARG": "true" if kind.startswith("arg") else "false",
+        "BETTER": "b < a" if kind == "argmin" else "b > a",
+    }
     return shaders.source("reduce", **fills)

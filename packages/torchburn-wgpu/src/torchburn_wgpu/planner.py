@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from .kernels import Launch, elementwise_source, grid, params
-from .values import Value, broadcast_strides, contiguous
+from .kernels import Launch, elementwise_source, f32_literal, f64_literal, grid, params
+from .values import KINDS, WGSL_TYPES, Value, broadcast_strides, contiguous
 
 
 class PlanError(Exception):
@@ -26,8 +26,9 @@ class PlanError(Exception):
 class Expr:
     """A node of a fused elementwise expression: a load of ``leaf``, or ``template`` over ``args``.
 
-    ``template`` is WGSL with ``{0}``, ``{1}``... for the arguments; ``kind`` is the WGSL type it
-    yields: "f32" or "bool". Compared by identity: a shared sub-expression is computed once.
+    ``template`` is WGSL with ``{0}``, ``{1}``... for the arguments (and may use ``i``, the output's
+    linear index); ``kind`` is what it yields: "f32", "i32" or "bool". Compared by identity: a shared
+    sub-expression is computed once.
     """
 
     kind: str
@@ -67,6 +68,13 @@ class Planner:
     max_bindings: int  # storage buffers a kernel may bind (the adapter's per-stage limit)
     slots: list[Slot] = field(default_factory=list)
     launches: list[Launch] = field(default_factory=list)
+    error_slot: int | None = None  # a word kernels set when an index is out of range
+
+    def error_flag(self) -> int:
+        """The slot of the region's error flag, made on first use."""
+        if self.error_slot is None:
+            self.error_slot = self.new_slot(torch.int32, 1)
+        return self.error_slot
 
     def new_slot(self, dtype: torch.dtype, numel: int, input_index: int | None = None) -> int:
         self.slots.append(Slot(dtype, numel, input_index))
@@ -80,28 +88,29 @@ class Planner:
         return Value(self.new_slot(dtype, n), dtype, shape, contiguous(shape), 0, n)
 
     # ---- elementwise ----------------------------------------------------------------------------
-    def lazy(self, x: Tensorish | float | bool, shape: tuple[int, ...], dtype: torch.dtype) -> Expr:
-        """``x`` as an expression evaluated over ``shape`` (broadcasting it); scalars become constants."""
-        from .kernels import f32_literal
-
+    def lazy(self, x: Tensorish | float | bool, shape: tuple[int, ...]) -> Expr:
+        """``x`` as an expression of its own kind over ``shape`` (broadcast); scalars become constants."""
         if isinstance(x, bool):
             return Expr("bool", "true" if x else "false")
-        if isinstance(x, (int, float)):
-            return Expr("f32", f32_literal(float(x)))
+        if isinstance(x, int):
+            if not -(2**31) <= x < 2**31:
+                raise PlanError(f"integer constant {x} does not fit the 32-bit integers this engine computes in")
+            return Expr("i32", f"i32({x})")
+        if isinstance(x, float):
+            return Expr("f32", f32_literal(x))
         if isinstance(x, Lazy):
-            if x.shape != shape:
-                x = self.materialize(x)
-            else:
+            if x.shape == shape:
                 return x.expr
+            x = self.materialize(x)
         leaf = Value(x.slot, x.dtype, shape, broadcast_strides(x, shape), x.offset, x.buffer_numel)
-        return Expr("bool" if x.dtype == torch.bool else "f32", leaf=leaf)
+        return Expr(KINDS[x.dtype], leaf=leaf)
 
     def materialize(self, x: Tensorish, out: Value | None = None) -> Value:
         """``x`` in memory: a Value as is, a Lazy by one generated kernel (into ``out`` if given, a view
         of another buffer, as ``cat`` needs; else into a new contiguous buffer)."""
         if isinstance(x, Value) and out is None:
             return x
-        expr = x.expr if isinstance(x, Lazy) else self.lazy(x, x.shape, x.dtype)
+        expr = x.expr if isinstance(x, Lazy) else self.lazy(x, x.shape)
         if out is None:
             out = self.new_value(x.dtype, x.shape)
         if out.numel == 0:
@@ -118,7 +127,7 @@ class Planner:
         for leaf in leaves:
             words += [leaf.offset, *leaf.strides]
         words += [out.offset, *out.strides]
-        types = [("u32" if self.slots[s].dtype == torch.bool else "f32") for s in slots]
+        types = [WGSL_TYPES[self.slots[s].dtype] for s in slots]
         source = elementwise_source(out.wgsl_type, types, rank, body)
         self.launches.append(
             Launch("elementwise", source, [out.slot, *slots], params(words), grid(-(-out.numel // 256)))
@@ -130,8 +139,45 @@ class Planner:
         if isinstance(x, Value) and x.is_dense():
             return x
         if isinstance(x, Value):
-            return self.materialize(Lazy(self.lazy(x, x.shape, x.dtype), x.dtype, x.shape))
+            return self.materialize(Lazy(self.lazy(x, x.shape), x.dtype, x.shape))
         return self.materialize(x)
+
+
+# WGSL conversions between expression kinds, as PyTorch converts dtypes (float to int truncates)
+CASTS = {
+    ("bool", "f32"): "select(0.0, 1.0, {0})",
+    ("bool", "i32"): "select(0i, 1i, {0})",
+    ("bool", "f64"): "select(0.0lf, 1.0lf, {0})",
+    ("i32", "f32"): "f32({0})",
+    ("i32", "f64"): "f64({0})",
+    ("f32", "i32"): "i32({0})",
+    ("f32", "f64"): "f64({0})",
+    ("f64", "f32"): "f32({0})",
+    ("f64", "i32"): "i32({0})",
+    ("f32", "bool"): "({0} != 0.0)",
+    ("f64", "bool"): "({0} != 0.0lf)",
+    ("i32", "bool"): "({0} != 0i)",
+}
+
+
+def constant(value: float | int | bool, kind: str) -> Expr:
+    """A Python scalar as an exact constant of ``kind``."""
+    if kind == "bool":
+        return Expr("bool", "true" if value else "false")
+    if kind == "i32":
+        if float(value) != int(value) or not -(2**31) <= int(value) < 2**31:
+            raise PlanError(f"constant {value} is not a 32-bit integer")
+        return Expr("i32", f"i32({int(value)})")
+    if kind == "f64":
+        return Expr("f64", f64_literal(float(value)))
+    return Expr("f32", f32_literal(float(value)))
+
+
+def cast(expr: Expr, kind: str) -> Expr:
+    """``expr`` converted to ``kind`` ("f32", "i32" or "bool")."""
+    if expr.kind == kind:
+        return expr
+    return Expr(kind, CASTS[(expr.kind, kind)], (expr,))
 
 
 def _leaves(expr: Expr) -> list[Value]:
@@ -175,7 +221,7 @@ def _render(expr: Expr, leaves: list[Value], slots: list[int], out_dtype: torch.
         lines.append(f"    let {n} = {code};")
         return n
 
-    result = name(expr)
+    result = name(cast(expr, KINDS[out_dtype]))
     if out_dtype == torch.bool:
         result = f"select(0u, 1u, {result})"
     lines.append(f"    out[offset_of({n_leaves}u, i)] = {result};")

@@ -24,7 +24,7 @@ from .device import DeviceLost, Gpu
 from .kernels import Launch, PipelineCache
 from .lowering import LOWERINGS
 from .planner import Lazy, PlanError, Planner
-from .values import ELEMENT_BYTES, SUPPORTED_DTYPES, Value, contiguous
+from .values import SUPPORTED_DTYPES, WORD, Value, contiguous, element_bytes
 
 _pipeline_caches: dict[int, PipelineCache] = {}
 _RECENT: collections.deque[CompiledRegion] = collections.deque(maxlen=64)
@@ -83,8 +83,13 @@ def plan_region(gm: torch.fx.GraphModule, args: Sequence[Any], max_bindings: int
         if node.op != "call_function":
             raise PlanError(f"unexpected node {node.op}")
         meta_args = torch.fx.node.map_arg(node.args, lambda n: metas[n])
-        meta_kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: metas[n])
-        metas[node] = _on_meta(node.target(*meta_args, **meta_kwargs))
+        meta_kwargs = dict(torch.fx.node.map_arg(node.kwargs, lambda n: metas[n]))
+        if "device" in meta_kwargs:  # shapes only: keep every value on the meta device
+            meta_kwargs["device"] = torch.device("meta")
+        try:
+            metas[node] = _on_meta(node.target(*meta_args, **meta_kwargs))
+        except (NotImplementedError, RuntimeError) as exc:
+            raise PlanError(f"{node.target}: its output shape depends on values ({exc})") from exc
         if node.target is __import__("operator").getitem:
             env[node] = env[node.args[0]][node.args[1]]
             continue
@@ -124,12 +129,17 @@ class Plan:
         for value in outputs:
             v = planner.dense(value)
             if v.slot in out_slots or planner.slots[v.slot].input_index is not None:
-                v = planner.materialize(Lazy(planner.lazy(v, v.shape, v.dtype), v.dtype, v.shape))
+                v = planner.materialize(Lazy(planner.lazy(v, v.shape), v.dtype, v.shape))
             out_slots.add(v.slot)
             self.outputs.append(OutputSpec(v.slot, v.dtype, v.shape, contiguous(v.shape), staging))
-            staging += max(v.numel, 1) * ELEMENT_BYTES
+            staging += max(v.numel, 1) * element_bytes(v.dtype)
         self.launches = [launch for launch in planner.launches if not _empty(launch)]
         self.slot_info = planner.slots
+        self.error_slot = planner.error_slot
+        if self.error_slot is not None:
+            out_slots.add(self.error_slot)
+            self.error_offset = staging
+            staging += WORD
         self.input_slots: dict[int, int] = {
             s.input_index: i for i, s in enumerate(planner.slots) if s.input_index is not None
         }
@@ -179,14 +189,17 @@ class Plan:
                 )
             return device.create_buffer(size=nbytes, usage=usage)
 
+        def size(s: int) -> int:
+            return max(self.slot_info[s].numel, 1) * element_bytes(self.slot_info[s].dtype)
+
         for s, slot in enumerate(self.slot_info):
-            if slot.input_index is not None:
-                buffers[s] = new(max(slot.numel, 1) * ELEMENT_BYTES)
+            if slot.input_index is not None or s == self.error_slot:
+                buffers[s] = new(size(s))
         for step, launch in enumerate(self.launches):
             for written in launch.slots[: launch.writes]:
                 if written in buffers:
                     continue
-                need = max(self.slot_info[written].numel, 1) * ELEMENT_BYTES
+                need = size(written)
                 fits = [i for i, (size, _) in enumerate(free) if size >= need and written not in keep]
                 if fits:
                     best = min(fits, key=lambda i: free[i][0])
@@ -198,7 +211,7 @@ class Plan:
                     free.append((int(buffers[s].size), buffers[s]))
         for s in keep:  # an output never written by a kernel (zero elements) still needs a buffer
             if s not in buffers:
-                buffers[s] = new(max(self.slot_info[s].numel, 1) * ELEMENT_BYTES)
+                buffers[s] = new(size(s))
         return buffers
 
     def run(self, args: Sequence[Any]) -> tuple[torch.Tensor, ...]:
@@ -217,6 +230,8 @@ class Plan:
                 queue.write_buffer(self.buffers[slot], 0, _host_bytes(t))
             self.uploaded[index] = (weakref.ref(t), version, address)
             self.uploads += 1
+        if self.error_slot is not None:
+            queue.write_buffer(self.buffers[self.error_slot], 0, b"\0\0\0\0")
         encoder = gpu.device.create_command_encoder()
         if self.passes:
             compute = encoder.begin_compute_pass()
@@ -226,8 +241,11 @@ class Plan:
                 compute.dispatch_workgroups(*groups)
             compute.end()
         for out in self.outputs:
-            nbytes = max(_numel(out.shape), 1) * ELEMENT_BYTES
+            nbytes = max(_numel(out.shape), 1) * element_bytes(out.dtype)
             encoder.copy_buffer_to_buffer(self.buffers[out.slot], 0, self.staging, out.staging_offset, nbytes)
+        if self.error_slot is not None:
+            flag = self.buffers[self.error_slot]
+            encoder.copy_buffer_to_buffer(flag, 0, self.staging, self.error_offset, WORD)
         try:
             queue.submit([encoder.finish()])
             self.staging.map_sync(wgpu.MapMode.READ)
@@ -239,6 +257,8 @@ class Plan:
             if gpu.lost is not None:
                 raise DeviceLost(f"the GPU device ({gpu.name}) was lost: {gpu.lost}") from exc
             raise
+        if self.error_slot is not None and raw[self.error_offset : self.error_offset + 4].any():
+            raise IndexError("index out of range in a gather, scatter or embedding run on the GPU")
         return tuple(_output(raw, out) for out in self.outputs)
 
 
@@ -260,21 +280,34 @@ def _version(t: torch.Tensor) -> int:
         return -1  # inference tensors have no version counter: upload every call
 
 
+I32_MIN, I32_MAX = -(2**31), 2**31 - 1
+
+
 def _host_bytes(t: torch.Tensor) -> memoryview:
     data = t.detach().contiguous()
     if data.dtype == torch.bool:
         data = data.to(torch.int32)  # bools are stored as one 32-bit word each
+    elif data.dtype == torch.int64:
+        if data.numel() and (int(data.min()) < I32_MIN or int(data.max()) > I32_MAX):
+            raise ValueError(
+                "the wgpu engine stores int64 tensors as 32-bit integers (WGSL has no 64-bit ones); "
+                f"this input holds values in [{int(data.min())}, {int(data.max())}], outside "
+                f"[{I32_MIN}, {I32_MAX}]"
+            )
+        data = data.to(torch.int32)
     return data.numpy().data.cast("B")
 
 
 def _output(raw: np.ndarray, out: OutputSpec) -> torch.Tensor:
     n = _numel(out.shape)
-    words = raw[out.staging_offset : out.staging_offset + n * ELEMENT_BYTES]
+    words = raw[out.staging_offset : out.staging_offset + n * element_bytes(out.dtype)]
     if out.dtype == torch.bool:
-        t = torch.from_numpy(words.view(np.uint32).astype(np.bool_)).reshape(out.shape)
-    else:
-        t = torch.from_numpy(words.view(np.float32)).reshape(out.shape)
-    return t
+        return torch.from_numpy(words.view(np.uint32).astype(np.bool_)).reshape(out.shape)
+    if out.dtype in (torch.int64, torch.int32):
+        return torch.from_numpy(words.view(np.int32)).to(out.dtype).reshape(out.shape)
+    if out.dtype == torch.float64:
+        return torch.from_numpy(words.view(np.float64)).reshape(out.shape)
+    return torch.from_numpy(words.view(np.float32)).reshape(out.shape)
 
 
 class CompiledRegion:

@@ -11,10 +11,26 @@ from dataclasses import dataclass
 
 import torch
 
-# how each supported dtype is stored in a WGSL array
-WGSL_TYPES = {torch.float32: "f32", torch.bool: "u32"}
+# how each supported dtype is stored in a WGSL array. WGSL has no 64-bit integers: int64 tensors
+# (indices, positions, masks) live as i32, checked on upload (a value outside the 32-bit range is an
+# error, never a wrapped index) and widened back on readback.
+# float64 needs an adapter with `shader-f64` (checked when nodes are offered).
+WGSL_TYPES = {
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.bool: "u32",
+    torch.int64: "i32",
+    torch.int32: "i32",
+}
+# what an expression of each dtype computes in
+KINDS = {torch.float32: "f32", torch.float64: "f64", torch.bool: "bool", torch.int64: "i32", torch.int32: "i32"}
 SUPPORTED_DTYPES = frozenset(WGSL_TYPES)
-ELEMENT_BYTES = 4  # every stored type above is 32-bit
+INTEGER_DTYPES = frozenset({torch.int64, torch.int32})
+WORD = 4  # bytes of every stored type but f64
+
+
+def element_bytes(dtype: torch.dtype) -> int:
+    return 8 if dtype == torch.float64 else WORD
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The one loader of the WGSL kernel files in this folder, one file per kernel family.
 
 A file may hold ``{{NAME}}`` placeholders that a kernel builder fills (a fused elementwise body, a
-rank, a combine function); ``{{MATH}}`` pulls in ``math.wgsl``. Every placeholder must be filled and
+rank, a combine function); ``{{MATH}}`` pulls in ``math.wgsl``, and a builder fills ``{{MATH64}}``
+with ``math64()`` where a kernel computes in float64. Every placeholder must be filled and
 no unknown one given, so a typo fails loudly here instead of as a shader compile error on a GPU.
 """
 
@@ -12,7 +13,7 @@ import re
 from pathlib import Path
 
 HERE = Path(__file__).parent
-PLACEHOLDER = re.compile(r"\{\{([A-Z_]+)\}\}")
+PLACEHOLDER = re.compile(r"\{\{([A-Z_][A-Z0-9_]*)\}\}")
 
 # one representative instantiation per family: what `tests/wgpu/test_shaders.py` compiles
 SAMPLES: dict[str, dict[str, str]] = {
@@ -20,18 +21,36 @@ SAMPLES: dict[str, dict[str, str]] = {
         "OUT_TYPE": "f32",
         "INPUTS": "@group(0) @binding(2) var<storage, read> in0: array<f32>;",
         "RANK": "2",
+        "MATH64": "",
         "BODY": "    let v0 = in0[offset_of(0u, i)];\n    out[i] = tb_gelu_erf(v0) + tb_pow(v0, 3.0);",
     },
-    "matmul": {},
-    "reduce": {"OUT_RANK": "1", "RED_RANK": "2", "COMBINE": "a + b", "INIT": "0.0", "FINISH": "total"},
+    "matmul": {"TYPE": "f32"},
+    "reduce": {
+        "OUT_RANK": "1",
+        "RED_RANK": "2",
+        "IN_TYPE": "f32",
+        "OUT_TYPE": "f32",
+        "LOAD": "v",
+        "COMBINE": "a + b",
+        "INIT": "0.0",
+        "FINISH": "total",
+        "ARG": "false",
+        "BETTER": "b > a",
+    },
+    "conv": {},
+    "pool": {"MAX": "true"},
+    "gather": {"TYPE": "f32", "RANK": "2", "SCATTER": "false"},
     "softmax": {"OUTER_RANK": "1", "LOG": "false"},
     "layer_norm": {},
 }
 
 
+LIBRARIES = ("math", "math64")  # helpers pulled into kernels, not kernels themselves
+
+
 def families() -> list[str]:
-    """Every kernel family with a file here (``math`` is a library, not a kernel)."""
-    return sorted(p.stem for p in HERE.glob("*.wgsl") if p.stem != "math")
+    """Every kernel family with a file here."""
+    return sorted(p.stem for p in HERE.glob("*.wgsl") if p.stem not in LIBRARIES)
 
 
 @functools.cache
@@ -40,6 +59,11 @@ def _text(family: str) -> str:
     if not path.is_file():
         raise ValueError(f"no WGSL kernel family {family!r} (have: {', '.join(families())})")
     return path.read_text(encoding="utf-8")
+
+
+def math64() -> str:
+    """The float64 helpers, for kernels that need them (they compile only where `shader-f64` is on)."""
+    return _text("math64")
 
 
 def source(family: str, **fills: str) -> str:

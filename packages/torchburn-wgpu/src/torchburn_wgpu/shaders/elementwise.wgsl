@@ -5,6 +5,7 @@
 // params: [numel, shape[RANK], then per input: offset, strides[RANK]]
 
 {{MATH}}
+{{MATH64}}
 
 @group(0) @binding(0) var<storage, read> params: array<u32>;
 @group(0) @binding(1) var<storage, read_write> out: array<{{OUT_TYPE}}>;

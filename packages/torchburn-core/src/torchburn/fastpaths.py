@@ -1,8 +1,8 @@
-"""Decompositions the engine adds to core ATen's: fused PyTorch fast paths rewritten as plain ops.
+"""PyTorch's fused inference fast paths written out as plain ops, for engines to add to their tables.
 
 ``nn.TransformerEncoderLayer`` in inference takes a fused path (``aten._transformer_encoder_layer_fwd``)
 that no kernel library implements; written out here as layer norm, linear, sdpa and activation, each
-of which the engine runs fused anyway.
+of which an engine runs fused anyway.
 """
 
 from __future__ import annotations
@@ -76,6 +76,6 @@ def transformer_encoder_layer_fwd(
     return x if batched else x.squeeze(0)
 
 
-DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
+FAST_PATHS: dict[Any, Callable[..., Any]] = {
     aten._transformer_encoder_layer_fwd.default: transformer_encoder_layer_fwd,
 }

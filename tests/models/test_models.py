@@ -1,4 +1,4 @@
-"""Whole models through the engine in strict mode (fallback="error"), compared with PyTorch eager.
+"""Whole models through each engine in strict mode (fallback="error"), compared with PyTorch eager.
 
 Inference only: eval mode and torch.no_grad(), seeded random weights, small inputs. Each test proves the
 engine ran the graph (nodes counted in torchburn.coverage(), none fell back).

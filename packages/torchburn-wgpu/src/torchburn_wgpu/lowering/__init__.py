@@ -1,0 +1,74 @@
+"""What each supported ATen op becomes on the GPU: the registry core partitions by, and the lowerings,
+one module per family (``elementwise``, ``views``, ``linalg``, ``reduction``, ``indexing``, ``pooling``).
+
+A lowering gets the planner, the FX node, its arguments (tensors as planner values, the rest as given)
+and the node's output as a meta tensor; it returns planner values (or lazy expressions) for the outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+import torch
+
+from torchburn.ops import OpRegistry
+
+from ..values import INTEGER_DTYPES
+
+aten = torch.ops.aten
+
+OPS = OpRegistry("wgpu")
+LOWERINGS: dict[Any, Callable[..., Any]] = {}
+
+# a torch.fx.Node: typed loosely, since its args are a wide union no lowering benefits from
+FxNode = Any
+LoweringFn = TypeVar("LoweringFn", bound=Callable[..., Any])
+
+F32 = frozenset({torch.float32})
+FLOATS = frozenset({torch.float32, torch.float64})  # float64 only on adapters with shader-f64
+BOOL = frozenset({torch.bool})
+INTS = INTEGER_DTYPES
+NUMERIC = F32 | INTS
+ANY = F32 | INTS | BOOL
+ALL = ANY | FLOATS
+
+
+def lower(
+    ops: Any | Iterable[Any], *, family: str, dtypes: frozenset[torch.dtype] = F32, check: Any = None
+) -> Callable[[LoweringFn], LoweringFn]:
+    """Registers ``fn`` as the lowering of ``ops`` and enters them in the engine's op table."""
+    overloads = [ops] if isinstance(ops, torch._ops.OpOverload) else list(ops)
+
+    def register(fn: LoweringFn) -> LoweringFn:
+        OPS.add(overloads, family=family, dtypes=dtypes, check=check)
+        for op in overloads:
+            LOWERINGS[op] = fn
+        return fn
+
+    return register
+
+
+def shape_of(meta: Any) -> tuple[int, ...]:
+    return tuple(int(s) for s in meta.shape)
+
+
+def keep_whole() -> frozenset[Any]:
+    """Ops the engine runs directly, so core must not decompose them."""
+    return frozenset(
+        {
+            aten.gelu.default,
+            aten.silu.default,
+            aten.hardtanh.default,
+            aten.hardswish.default,
+            aten.hardsigmoid.default,
+            aten.native_layer_norm.default,
+            aten._native_batch_norm_legit_no_training.default,
+        }
+    )
+
+
+# the family modules register their ops on import
+from . import elementwise, indexing, linalg, pooling, reduction, views  # noqa: E402
+
+__all__ = ["LOWERINGS", "OPS", "elementwise", "indexing", "keep_whole", "linalg", "pooling", "reduction", "views"]

@@ -1,0 +1,201 @@
+"""Indexing by a tensor of positions (``gather.wgsl``): embedding, index_select, ``x[idx]``, gather and
+scatter. Each is one pass over an iteration space whose dims step through the source, the index and
+the output by their own strides; only the stride that the index value multiplies differs between them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..kernels import Launch, grid, params
+from ..planner import Expr, Lazy, PlanError, Planner, cast
+from ..shaders import source
+from ..values import WGSL_TYPES, Value
+from . import ANY, FxNode, lower, shape_of
+
+aten = torch.ops.aten
+
+
+def _launch(
+    p: Planner,
+    out: Value,
+    src: Value,
+    index: Value,
+    *,
+    bound: int,
+    gather_stride: int,
+    shape: Sequence[int],
+    steps: tuple[Sequence[int], Sequence[int], Sequence[int]],
+    offsets: tuple[int, int, int],
+    scatter: bool = False,
+) -> None:
+    count = 1
+    for s in shape:
+        count *= s
+    if count == 0:
+        return
+    src_steps, index_steps, out_steps = steps
+    words = [count, bound, gather_stride, *offsets, *shape, *src_steps, *index_steps, *out_steps]
+    code = source("gather", TYPE=WGSL_TYPES[out.dtype], RANK=str(len(shape)), SCATTER="true" if scatter else "false")
+    slots = [out.slot, src.slot, index.slot, p.error_flag()]
+    p.launches.append(Launch("gather", code, slots, params(words), grid(-(-count // 256)), writes=1))
+
+
+def _index_value(p: Planner, x: Any) -> Value:
+    v = p.materialize(x)
+    if v.dtype not in (torch.int64, torch.int32):
+        raise PlanError(f"indices of dtype {v.dtype}")
+    return v
+
+
+@lower(aten.embedding.default, family="indexing", dtypes=ANY)
+def _embedding(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
+    weight, ids = p.materialize(args[0]), _index_value(p, args[1])
+    result = p.new_value(weight.dtype, shape_of(out))
+    d = weight.shape[1]
+    shape = [*ids.shape, d]
+    _launch(
+        p,
+        result,
+        weight,
+        ids,
+        bound=weight.shape[0],
+        gather_stride=weight.strides[0],
+        shape=shape,
+        steps=([0] * ids.rank + [weight.strides[1]], [*ids.strides, 0], list(result.strides)),
+        offsets=(weight.offset, ids.offset, 0),
+    )
+    return result
+
+
+def _select_along(p: Planner, x: Value, dim: int, idx: Value, out: Any) -> Value:
+    """``x`` with dim ``dim`` replaced by the dims of ``idx``: index_select and ``x[..., idx, ...]``."""
+    result = p.new_value(x.dtype, shape_of(out))
+    pre, post = x.shape[:dim], x.shape[dim + 1 :]
+    shape = [*pre, *idx.shape, *post]
+    src_steps = [*x.strides[:dim], *([0] * idx.rank), *x.strides[dim + 1 :]]
+    index_steps = [*([0] * len(pre)), *idx.strides, *([0] * len(post))]
+    _launch(
+        p,
+        result,
+        x,
+        idx,
+        bound=x.shape[dim],
+        gather_stride=x.strides[dim],
+        shape=shape,
+        steps=(src_steps, index_steps, list(result.strides)),
+        offsets=(x.offset, idx.offset, 0),
+    )
+    return result
+
+
+@lower(aten.index_select.default, family="indexing", dtypes=ANY)
+def _index_select(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
+    x = p.materialize(args[0])
+    dim = args[1] % max(x.rank, 1)
+    return _select_along(p, x, dim, _index_value(p, args[2]), out)
+
+
+def _integer_indices(spec: Any) -> bool | str:
+    bools = [s for s in spec.tensor_inputs[1:] if s.dtype == torch.bool]
+    return "indexing by a boolean mask (its result's size depends on the values)" if bools else True
+
+
+@lower(aten.index.Tensor, family="indexing", dtypes=ANY, check=_integer_indices)
+def _index(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
+    x = p.materialize(args[0])
+    given = [(d, _index_value(p, i)) for d, i in enumerate(args[1]) if i is not None]
+    if len(given) == 1:
+        dim, idx = given[0]
+        return _select_along(p, x, dim, idx, out)
+    return _index_many(p, x, given, out)
+
+
+def _index_many(p: Planner, x: Value, given: list[tuple[int, Value]], out: Any) -> Value:
+    """``x[i, j, ...]`` with several index tensors: their element offsets are summed into one index
+    tensor first (an elementwise kernel, which also marks a position out of range with a negative
+    offset the gather then reports), then one gather with unit stride."""
+    shapes = [tuple(i.shape) for _, i in given]
+    batch: tuple[int, ...] = tuple(torch.Size(torch.broadcast_shapes(*shapes)))  # type: ignore[no-untyped-call]
+    terms = []
+    for dim, idx in given:
+        size, stride = x.shape[dim], x.strides[dim]
+        term = f"select({{0}}, {{0}} + {size}i, {{0}} < 0i)"
+        terms.append((Expr("i32", term, (cast(p.lazy(idx, batch), "i32"),)), size, stride))
+    linear: Expr = Expr("i32", "0i")
+    valid: Expr = Expr("bool", "true")
+    for wrapped, size, stride in terms:
+        linear = Expr("i32", f"({{0}} + {{1}} * {stride}i)", (linear, wrapped))
+        valid = Expr("bool", f"({{0}} && {{1}} >= 0i && {{1}} < {size}i)", (valid, wrapped))
+    offsets = Expr("i32", "select(bitcast<i32>(0x80000000u), {0}, {1})", (linear, valid))
+    index = p.materialize(Lazy(offsets, torch.int32, batch))
+    result = p.new_value(x.dtype, shape_of(out))
+    indexed = [d for d, _ in given]
+    rest = [d for d in range(x.rank) if d not in indexed]
+    adjacent = indexed == list(range(indexed[0], indexed[-1] + 1))
+    if adjacent:  # the broadcast index dims replace the indexed ones in place
+        pre = [d for d in rest if d < indexed[0]]
+        post = [d for d in rest if d > indexed[-1]]
+    else:  # PyTorch puts them first
+        pre, post = [], rest
+    shape = [*(x.shape[d] for d in pre), *batch, *(x.shape[d] for d in post)]
+    src_steps = [*(x.strides[d] for d in pre), *([0] * len(batch)), *(x.strides[d] for d in post)]
+    index_steps = [*([0] * len(pre)), *index.strides, *([0] * len(post))]
+    _launch(
+        p,
+        result,
+        x,
+        index,
+        bound=2**31 - 1,
+        gather_stride=1,
+        shape=shape,
+        steps=(src_steps, index_steps, list(result.strides)),
+        offsets=(x.offset, index.offset, 0),
+    )
+    return result
+
+
+@lower(aten.gather.default, family="indexing", dtypes=ANY)
+def _gather(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
+    x, idx = p.materialize(args[0]), _index_value(p, args[2])
+    dim = args[1] % max(x.rank, 1)
+    result = p.new_value(x.dtype, shape_of(out))
+    src_steps = [0 if d == dim else s for d, s in enumerate(x.strides)]
+    _launch(
+        p,
+        result,
+        x,
+        idx,
+        bound=x.shape[dim],
+        gather_stride=x.strides[dim],
+        shape=list(idx.shape),
+        steps=(src_steps, list(idx.strides), list(result.strides)),
+        offsets=(x.offset, idx.offset, 0),
+    )
+    return result
+
+
+@lower(aten.scatter.src, family="indexing", dtypes=ANY)
+def _scatter(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
+    """A copy of ``x``, then each ``src`` element written where its index says along ``dim``. Where two
+    elements land on one place, which one stays is unspecified (as in PyTorch)."""
+    x, idx, src = args[0], _index_value(p, args[2]), p.materialize(args[3])
+    result = p.new_value(out.dtype, shape_of(out))
+    p.materialize(Lazy(p.lazy(x, result.shape), out.dtype, result.shape), out=result)
+    dim = args[1] % max(result.rank, 1)
+    out_steps = [0 if d == dim else s for d, s in enumerate(result.strides)]
+    _launch(
+        p,
+        result,
+        src,
+        idx,
+        bound=result.shape[dim],
+        gather_stride=result.strides[dim],
+        shape=list(idx.shape),
+        steps=(list(src.strides), list(idx.strides), out_steps),
+        offsets=(src.offset, idx.offset, 0),
+        scatter=True,
+    )
+    return result

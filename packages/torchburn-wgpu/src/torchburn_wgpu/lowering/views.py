@@ -1,0 +1,102 @@
+"""Views are new sizes, strides and offset over the same buffer (computed by PyTorch itself on a meta
+tensor laid out like the value); ``cat`` and ``constant_pad_nd`` write their parts into windows of one
+new buffer, each part by the kernel that computes it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..planner import Expr, Lazy, Planner, constant
+from ..values import KINDS, Value
+from . import ALL, FxNode, lower, shape_of
+
+aten = torch.ops.aten
+
+VIEWS = [
+    aten.view.default,
+    aten._unsafe_view.default,
+    aten.reshape.default,
+    aten.permute.default,
+    aten.transpose.int,
+    aten.t.default,
+    aten.expand.default,
+    aten.unsqueeze.default,
+    aten.squeeze.dim,
+    aten.squeeze.dims,
+    aten.squeeze.default,
+    aten.slice.Tensor,
+    aten.select.int,
+    aten.alias.default,
+    aten.split_with_sizes.default,
+    aten.split.Tensor,
+    aten.unbind.int,
+]
+
+
+def _layout(x: Value, result: Any) -> Any:
+    if isinstance(result, (list, tuple)):
+        return [x.with_layout(r) for r in result]
+    return x.with_layout(result)
+
+
+@lower(VIEWS, family="view", dtypes=ALL)
+def _view(p: Planner, node: FxNode, args: list[Any], out: Any) -> Any:
+    x = p.materialize(args[0])
+    try:
+        return _layout(x, node.target(x.meta(), *args[1:], **node.kwargs))
+    except RuntimeError:
+        # a reshape that strides cannot express (e.g. merging dims of a transposed view): copy first
+        x = p.dense(x)
+        return _layout(x, node.target(x.meta(), *args[1:], **node.kwargs))
+
+
+@lower(aten.cat.default, family="view", dtypes=ALL)
+def _cat(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
+    result = p.new_value(out.dtype, shape_of(out))
+    dim = args[1] if len(args) > 1 else node.kwargs.get("dim", 0)
+    dim = dim % max(len(result.shape), 1)
+    start = 0
+    for part in args[0]:
+        if isinstance(part, (Value, Lazy)) and part.numel > 0:
+            size = part.shape[dim]
+            window = result.with_layout(result.meta().narrow(dim, start, size))
+            p.materialize(_converted(p, part, out.dtype), out=window)
+            start += size
+    return result
+
+
+def _converted(p: Planner, x: Value | Lazy, dtype: torch.dtype) -> Value | Lazy:
+    """``x`` as ``dtype`` (``cat`` promotes its parts to a common dtype)."""
+    if x.dtype == dtype:
+        return x
+    from ..planner import cast
+
+    return Lazy(cast(p.lazy(x, x.shape), KINDS[dtype]), dtype, x.shape)
+
+
+@lower(aten.constant_pad_nd.default, family="view", dtypes=ALL)
+def _pad(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
+    x, pads = args[0], list(args[1])
+    value = args[2] if len(args) > 2 else node.kwargs.get("value", 0)
+    result = p.new_value(out.dtype, shape_of(out))
+    kind = KINDS[out.dtype]
+    p.materialize(Lazy(constant(value, kind), out.dtype, result.shape), out=result)
+    # the interior: pads come in (left, right) pairs from the last dim backwards; negative ones crop
+    window = result.meta()
+    source = p.materialize(x) if isinstance(x, Lazy) else x
+    src_meta = source.meta()
+    for i in range(len(pads) // 2):
+        dim = result.rank - 1 - i
+        left, right = pads[2 * i], pads[2 * i + 1]
+        keep = src_meta.shape[dim] + min(left, 0) + min(right, 0)
+        src_meta = src_meta.narrow(dim, max(-left, 0), keep)
+        window = window.narrow(dim, max(left, 0), keep)
+    if window.numel() > 0:
+        interior = source.with_layout(src_meta)
+        p.materialize(Lazy(p.lazy(interior, interior.shape), out.dtype, interior.shape), out=result.with_layout(window))
+    return result
+
+
+__all__ = ["Expr"]
