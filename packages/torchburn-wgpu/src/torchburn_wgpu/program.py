@@ -157,6 +157,8 @@ class Plan:
             group = gpu.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
             self.passes.append((pipeline, group, launch.groups))
         self.staging_bytes = max(staging, 4)
+        # a word to read back when only waiting for the queue (benchmarks)
+        self.staging_probe = gpu.device.create_buffer(size=4, usage=wgpu.BufferUsage.COPY_SRC)
         self.staging = gpu.device.create_buffer(
             size=self.staging_bytes, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
         )
@@ -260,6 +262,33 @@ class Plan:
         if self.error_slot is not None and raw[self.error_offset : self.error_offset + 4].any():
             raise IndexError("index out of range in a gather, scatter or embedding run on the GPU")
         return tuple(_output(raw, out) for out in self.outputs)
+
+
+def gpu_seconds(plan: Plan, repeats: int) -> float:
+    """GPU time of one run of ``plan``'s kernels, uploads and readback excluded: its dispatches
+    recorded ``repeats`` times into one submission, timed to completion, less one run's submission
+    (the difference cancels the submit and wait latency), divided by ``repeats - 1``."""
+    import time
+
+    def submit(times: int) -> float:
+        device = plan.gpu.device
+        encoder = device.create_command_encoder()
+        compute = encoder.begin_compute_pass()
+        for _ in range(times):
+            for pipeline, group, groups in plan.passes:
+                compute.set_pipeline(pipeline)
+                compute.set_bind_group(0, group)
+                compute.dispatch_workgroups(*groups)
+        compute.end()
+        t0 = time.perf_counter()
+        device.queue.submit([encoder.finish()])
+        device.queue.read_buffer(plan.staging_probe)  # returns once the queue has drained
+        return time.perf_counter() - t0
+
+    submit(1)  # warm
+    one = min(submit(1) for _ in range(3))
+    many = min(submit(repeats) for _ in range(3))
+    return max(many - one, 0.0) / (repeats - 1)
 
 
 def _empty(launch: Launch) -> bool:

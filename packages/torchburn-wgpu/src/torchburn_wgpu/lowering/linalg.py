@@ -36,7 +36,7 @@ def matmul(p: Planner, a: Value, b: Value, bias: Value | None, alpha: float, bet
     words += [f32_bits(alpha), f32_bits(beta)]
     slots = [out.slot, a.slot, b.slot, (bias or a).slot]
     code = source("matmul", TYPE=WGSL_TYPES[a.dtype])
-    p.launches.append(Launch("matmul", code, slots, params(words), (-(-n // 64), -(-m // 64), batch)))
+    p.launches.append(Launch("matmul", code, slots, params(words), (-(-n // 128), -(-m // 128), batch)))
     return out
 
 

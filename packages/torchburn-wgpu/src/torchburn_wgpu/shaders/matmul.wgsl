@@ -1,13 +1,13 @@
 // Batched matrix multiply C[b] = alpha * A[b] @ B[b] (+ beta * bias), in f32 (or f64 where the adapter
 // has it), every operand by its own strides (a transposed weight or a permuted activation needs no copy).
 //
-// Tiled: a workgroup of 16×16 threads computes a 64×64 tile of C, each thread a 4×4 block held in
-// registers; per step along k it stages a 64×16 slab of A and a 16×64 slab of B in workgroup memory,
-// so each element loaded from memory is used 64 times.
+// Tiled for register reuse: a workgroup of 16×16 threads computes a 128×128 tile of C, each thread an
+// 8×8 block held in registers. Per step along k it stages a 16-deep slab of A (transposed, so a thread
+// reads its 8 rows as two vec4) and of B in workgroup memory; each element loaded from memory is then
+// used 128 times, and each shared-memory vec4 read feeds 16 multiply-adds.
 //
 // params: [M, N, K, a_off, a_bs, a_rs, a_cs, b_off, b_bs, b_rs, b_cs,
-//        bias_off, bias_bs, bias_rs, bias_cs, has_bias, alpha_bits, beta_bits, a_bdiv, b_bdiv, bias_bdiv]
-// (x_bdiv: the batch index of operand x is b / x_bdiv, for batch broadcasting; 0 stride also works)
+//          bias_off, bias_bs, bias_rs, bias_cs, has_bias, alpha_bits, beta_bits]
 
 @group(0) @binding(0) var<storage, read> params: array<u32>;
 @group(0) @binding(1) var<storage, read_write> c: array<{{TYPE}}>;
@@ -15,12 +15,12 @@
 @group(0) @binding(3) var<storage, read> b: array<{{TYPE}}>;
 @group(0) @binding(4) var<storage, read> bias: array<{{TYPE}}>;
 
-const TM: u32 = 64u;
-const TN: u32 = 64u;
+const TM: u32 = 128u;
+const TN: u32 = 128u;
 const TK: u32 = 16u;
 
-var<workgroup> a_tile: array<array<{{TYPE}}, 65>, 16>;  // [k][m], padded against bank conflicts
-var<workgroup> b_tile: array<array<{{TYPE}}, 64>, 16>;  // [k][n]
+var<workgroup> a_tile: array<vec4<{{TYPE}}>, 512>;  // [k][m / 4]: 16 × 32 vec4
+var<workgroup> b_tile: array<vec4<{{TYPE}}>, 512>;  // [k][n / 4]
 
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -30,44 +30,47 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let batch = wg.z;
     let a_base = params[3] + batch * params[4];
     let b_base = params[7] + batch * params[8];
+    let a_rs = params[5];
+    let a_cs = params[6];
+    let b_rs = params[9];
+    let b_cs = params[10];
     let row0 = wg.y * TM;
     let col0 = wg.x * TN;
     let t = lid.y * 16u + lid.x;  // 0..255
-    var acc: array<array<{{TYPE}}, 4>, 4>;
+    var acc: array<array<{{TYPE}}, 8>, 8>;
     for (var k0 = 0u; k0 < K; k0 += TK) {
-        // 256 threads stage 64×16 of A and 16×64 of B: four elements each
-        for (var e = 0u; e < 4u; e++) {
+        // 256 threads stage 128×16 of A and 16×128 of B: eight elements each, consecutive threads
+        // on consecutive k (A) and n (B), which is contiguous memory for row-major operands
+        for (var e = 0u; e < 8u; e++) {
             let idx = t + e * 256u;
             let am = idx / TK;
             let ak = idx % TK;
-            let gm = row0 + am;
-            let gk = k0 + ak;
             var av = {{TYPE}}(0);
-            if (gm < M && gk < K) {
-                av = a[a_base + gm * params[5] + gk * params[6]];
+            if (row0 + am < M && k0 + ak < K) {
+                av = a[a_base + (row0 + am) * a_rs + (k0 + ak) * a_cs];
             }
-            a_tile[ak][am] = av;
+            a_tile[ak * 32u + am / 4u][am % 4u] = av;
             let bk = idx / TN;
             let bn = idx % TN;
-            let gk2 = k0 + bk;
-            let gn = col0 + bn;
             var bv = {{TYPE}}(0);
-            if (gk2 < K && gn < N) {
-                bv = b[b_base + gk2 * params[9] + gn * params[10]];
+            if (k0 + bk < K && col0 + bn < N) {
+                bv = b[b_base + (k0 + bk) * b_rs + (col0 + bn) * b_cs];
             }
-            b_tile[bk][bn] = bv;
+            b_tile[bk * 32u + bn / 4u][bn % 4u] = bv;
         }
         workgroupBarrier();
         for (var kk = 0u; kk < TK; kk++) {
-            var av: array<{{TYPE}}, 4>;
-            var bv: array<{{TYPE}}, 4>;
-            for (var i = 0u; i < 4u; i++) {
-                av[i] = a_tile[kk][lid.y + i * 16u];
-                bv[i] = b_tile[kk][lid.x + i * 16u];
-            }
+            // this thread's rows: 4·ly .. 4·ly+3 and 64 + the same; columns likewise with lx
+            let a_lo = a_tile[kk * 32u + lid.y];
+            let a_hi = a_tile[kk * 32u + 16u + lid.y];
+            let b_lo = b_tile[kk * 32u + lid.x];
+            let b_hi = b_tile[kk * 32u + 16u + lid.x];
             for (var i = 0u; i < 4u; i++) {
                 for (var j = 0u; j < 4u; j++) {
-                    acc[i][j] = fma(av[i], bv[j], acc[i][j]);
+                    acc[i][j] = fma(a_lo[i], b_lo[j], acc[i][j]);
+                    acc[i][j + 4u] = fma(a_lo[i], b_hi[j], acc[i][j + 4u]);
+                    acc[i + 4u][j] = fma(a_hi[i], b_lo[j], acc[i + 4u][j]);
+                    acc[i + 4u][j + 4u] = fma(a_hi[i], b_hi[j], acc[i + 4u][j + 4u]);
                 }
             }
         }
@@ -76,13 +79,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let alpha = {{TYPE}}(bitcast<f32>(params[16]));
     let beta = {{TYPE}}(bitcast<f32>(params[17]));
     let has_bias = params[15] != 0u;
-    for (var i = 0u; i < 4u; i++) {
-        let r = row0 + lid.y + i * 16u;
+    for (var i = 0u; i < 8u; i++) {
+        let r = row0 + (i / 4u) * 64u + lid.y * 4u + i % 4u;
         if (r >= M) {
             continue;
         }
-        for (var j = 0u; j < 4u; j++) {
-            let col = col0 + lid.x + j * 16u;
+        for (var j = 0u; j < 8u; j++) {
+            let col = col0 + (j / 4u) * 64u + lid.x * 4u + j % 4u;
             if (col >= N) {
                 continue;
             }

@@ -1,0 +1,190 @@
+"""GPU benchmark: the native engine's table plus mm 4096³, on the wgpu engine, next to PyTorch CUDA eager
+on the same GPU, in one run: ``python -m torchburn_wgpu.bench [--rows a,b] [--json PATH] [--markdown]``.
+
+Per row it reports three times, medians of repeated calls:
+- ``cuda``: PyTorch eager with module and inputs on the CUDA device (CUDA events), the reference;
+- ``wgpu``: the compiled model called as users call it, CPU tensors in and out: uploads of changed
+  inputs, one submission, the readback of the outputs;
+- ``wgpu gpu``: the region's kernels alone, uploads and readback excluded (``program.gpu_seconds``).
+The derived lines compare mm 4096³ with cuBLAS (TF32 off) and GELU/softmax with the copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchburn.bench import ROWS, Row, _function, _mm
+
+from .device import gpu
+from .program import gpu_seconds, recent_regions
+
+GPU_ROWS = [r for r in ROWS if r.kind == "throughput"] + [
+    Row("mm4096", "matmul 4096x4096 @ 4096x4096", _function(_mm, (4096, 4096), (4096, 4096)), tol=5e-2),
+]
+
+
+def _wall(fn: Callable[[], Any], min_time: float, min_runs: int = 5) -> float:
+    """Median seconds of ``fn()`` over at least ``min_time`` seconds and ``min_runs`` runs."""
+    fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < min_runs or time.perf_counter() - start < min_time:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _cuda_time(fn: Callable[[], Any], min_time: float) -> float:
+    """Median seconds of ``fn()`` on the CUDA device, by CUDA events."""
+    fn()
+    torch.cuda.synchronize()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < 10 or time.perf_counter() - start < min_time:
+        begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        begin.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def _on_cuda(fn: Any, inputs: Sequence[torch.Tensor]) -> tuple[Any, list[torch.Tensor]]:
+    if isinstance(fn, nn.Module):
+        fn = fn.to("cuda")
+    return fn, [x.to("cuda") for x in inputs]
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second (read + write) of a 1 GiB device-to-device copy, best of 5."""
+    src = torch.ones(2**28, device="cuda")
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(6):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.numel() * 4 / best
+
+
+def run_row(row: Row, min_time: float) -> dict[str, Any]:
+    torch.manual_seed(0)
+    fn, inputs = row.build()
+    result: dict[str, Any] = {"row": row.name, "description": row.description}
+    with torch.no_grad():
+        expected = fn(*inputs)
+        cuda_fn, cuda_inputs = _on_cuda(fn, inputs)
+        result["cuda_s"] = _cuda_time(lambda: cuda_fn(*cuda_inputs), min_time)
+        if isinstance(fn, nn.Module):
+            fn = fn.to("cpu")
+        before = len(recent_regions())
+        compiled = torch.compile(fn, backend="torchburn", options={"engine": "wgpu", "fallback": "error"})
+        got = compiled(*inputs)
+        error = (got - expected).abs().max().item()
+        scale = expected.abs().max().item() or 1.0
+        result["max_error"] = error
+        result["ok"] = error <= row.tol * max(scale, 1.0)
+        result["wgpu_s"] = _wall(lambda: compiled(*inputs), min_time)
+        regions = recent_regions()[before:]
+        result["wgpu_gpu_s"] = sum(gpu_seconds(list(r.plans.values())[-1], 20) for r in regions if r.plans)
+    return result
+
+
+def derived(results: list[dict[str, Any]], bandwidth: float) -> list[str]:
+    by_name = {r["row"]: r for r in results}
+    lines = [f"copy bandwidth (CUDA, 1 GiB device copy): {bandwidth / 1e9:.0f} GB/s"]
+    if "mm4096" in by_name:
+        r = by_name["mm4096"]
+        flops = 2 * 4096**3
+        ours, cublas = flops / r["wgpu_gpu_s"], flops / r["cuda_s"]
+        lines.append(
+            f"mm 4096³: wgpu kernels {ours / 1e12:.1f} TFLOP/s, cuBLAS fp32 {cublas / 1e12:.1f} TFLOP/s "
+            f"-> {100 * ours / cublas:.0f}% (target 50%)"
+        )
+    for name, elements in (("gelu", 1024 * 1024), ("softmax", 2048 * 2048)):
+        if name in by_name:
+            moved = 2 * elements * 4 / by_name[name]["wgpu_gpu_s"]  # one read and one write per element
+            lines.append(
+                f"{name}: wgpu kernels move {moved / 1e9:.0f} GB/s = {100 * moved / bandwidth:.0f}% of copy "
+                "bandwidth (target 50%)"
+            )
+    for name in ("resnet18", "encoder"):
+        if name in by_name:
+            r = by_name[name]
+            lines.append(
+                f"{name}: wgpu kernels {r['wgpu_gpu_s'] / r['cuda_s']:.2f}x CUDA eager's time, called from the "
+                f"CPU {r['wgpu_s'] / r['cuda_s']:.2f}x (target within 3x)"
+            )
+    return lines
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    head = "| row | CUDA eager ms | wgpu ms (CPU tensors) | wgpu kernels ms | kernels / eager | max error |"
+    lines = [head, "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in results:
+        lines.append(
+            f"| {r['row']} | {r['cuda_s'] * 1e3:.3f} | {r['wgpu_s'] * 1e3:.3f} | {r['wgpu_gpu_s'] * 1e3:.3f} "
+            f"| {r['wgpu_gpu_s'] / r['cuda_s']:.2f}x | {r['max_error']:.1e}{'' if r['ok'] else ' (!)'} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torchburn_wgpu.bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", help="comma-separated row names (default: all)")
+    parser.add_argument("--min-time", type=float, default=0.5, help="seconds per measurement (default 0.5)")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("the reference is PyTorch CUDA eager on the same GPU: this machine has no CUDA device")
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 against fp32
+    torch.backends.cudnn.allow_tf32 = False
+    rows = GPU_ROWS
+    if args.rows:
+        wanted = args.rows.split(",")
+        unknown = sorted(set(wanted) - {r.name for r in GPU_ROWS})
+        if unknown:
+            parser.error(f"unknown rows {unknown}; rows: {', '.join(r.name for r in GPU_ROWS)}")
+        rows = [r for r in GPU_ROWS if r.name in wanted]
+    device = gpu()
+    info = device.adapter.info
+    print(
+        f"adapter: {device.name}; driver: {info.get('description', '?')}; CUDA device: {torch.cuda.get_device_name()}"
+    )
+    results = []
+    for row in rows:
+        result = run_row(row, args.min_time)
+        results.append(result)
+        print(
+            f"{row.name}: cuda {result['cuda_s'] * 1e3:.3f} ms, wgpu {result['wgpu_s'] * 1e3:.3f} ms, "
+            f"kernels {result['wgpu_gpu_s'] * 1e3:.3f} ms, error {result['max_error']:.1e}",
+            flush=True,
+        )
+    bandwidth = copy_bandwidth()
+    print()
+    print(table(results))
+    print()
+    for line in derived(results, bandwidth):
+        print(line)
+    if args.json:
+        meta = {"adapter": device.name, "driver": info.get("description"), "cuda": torch.cuda.get_device_name()}
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"meta": meta, "copy_bandwidth": bandwidth, "results": results}, f, indent=1)
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
