@@ -82,6 +82,36 @@ class PipelineCache:
             return pipeline
 
 
+def register_block(element: str, extra: str) -> dict[str, str]:
+    """The 8×8 register block of the tiled product kernels, written out: one named variable per
+    accumulator, the 64 multiply-adds per step along k and the 64 stores (``put(row, col, <extra>)``),
+    since GPU compilers put an indexed array in slow local memory instead of registers. Rows of a
+    thread: 4·ly .. 4·ly+3 and 64 more; columns likewise with lx."""
+    halves = ("lo", "hi")
+    declare = "\n".join(f"    var c_{i}_{j} = {element}(0);" for i in range(8) for j in range(8))
+    update = "\n".join(
+        f"            c_{i}_{j} = fma(a_{halves[i // 4]}[{i % 4}], b_{halves[j // 4]}[{j % 4}], c_{i}_{j});"
+        for i in range(8)
+        for j in range(8)
+    )
+    store = "\n".join(
+        f"    put(row0 + {64 * (i // 4) + i % 4}u + lid.y * 4u, col0 + {64 * (j // 4) + j % 4}u + lid.x * 4u, "
+        f"{extra.format(f'c_{i}_{j}')});"
+        for i in range(8)
+        for j in range(8)
+    )
+    return {"ACC_DECLARE": declare, "ACC_UPDATE": update, "ACC_STORE": store}
+
+
+def matmul_source(element: str) -> str:
+    """``matmul.wgsl`` for ``element`` (f32 or f64)."""
+    return shaders.source("matmul", TYPE=element, **register_block(element, "batch, {}, alpha, beta"))
+
+
+def conv_source() -> str:
+    return shaders.source("conv", **register_block("f32", "g, {}"))
+
+
 def elementwise_source(out_type: str, input_types: Sequence[str], rank: int, body: str) -> str:
     inputs = "\n".join(
         f"@group(0) @binding({2 + k}) var<storage, read> in{k}: array<{t}>;" for k, t in enumerate(input_types)

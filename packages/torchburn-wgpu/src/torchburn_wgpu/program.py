@@ -28,6 +28,15 @@ from .values import SUPPORTED_DTYPES, WORD, Value, contiguous, element_bytes
 
 _pipeline_caches: dict[int, PipelineCache] = {}
 _RECENT: collections.deque[CompiledRegion] = collections.deque(maxlen=64)
+# the plans run since the last ``plans_run(clear=True)``, for benchmarks that time the kernels
+_RAN: list[Plan] = []
+
+
+def plans_run(clear: bool = False) -> list[Plan]:
+    ran = list(dict.fromkeys(_RAN))
+    if clear:
+        _RAN.clear()
+    return ran
 
 
 def recent_regions() -> list[CompiledRegion]:
@@ -221,6 +230,8 @@ class Plan:
 
         gpu = self.gpu
         gpu.check_alive()
+        if len(_RAN) < 1024:
+            _RAN.append(self)
         queue = gpu.device.queue
         for index, slot in self.input_slots.items():
             t: torch.Tensor = args[index]

@@ -6,9 +6,8 @@ from typing import Any
 
 import torch
 
-from ..kernels import Launch, f32_bits, params
+from ..kernels import Launch, conv_source, f32_bits, matmul_source, params
 from ..planner import PlanError, Planner
-from ..shaders import source
 from ..values import WGSL_TYPES, Value, broadcast_strides
 from . import FLOATS, FxNode, lower, shape_of
 
@@ -35,7 +34,7 @@ def matmul(p: Planner, a: Value, b: Value, bias: Value | None, alpha: float, bet
         words += [0, 0, 0, 0, 0]
     words += [f32_bits(alpha), f32_bits(beta)]
     slots = [out.slot, a.slot, b.slot, (bias or a).slot]
-    code = source("matmul", TYPE=WGSL_TYPES[a.dtype])
+    code = matmul_source(WGSL_TYPES[a.dtype])
     p.launches.append(Launch("matmul", code, slots, params(words), (-(-n // 128), -(-m // 128), batch)))
     return out
 
@@ -93,6 +92,6 @@ def _convolution(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
     words += [1, bias.offset, bias.strides[0]] if bias is not None else [0, 0, 0]
     words += [int(bool(transposed)), cout]
     slots = [result.slot, x.slot, w.slot, (bias or x).slot]
-    groups_xyz = (-(-cout_g // 64), -(-(n * oh * ow) // 64), groups)
-    p.launches.append(Launch("conv", source("conv"), slots, params(words), groups_xyz))
+    groups_xyz = (-(-cout_g // 128), -(-(n * oh * ow) // 128), groups)
+    p.launches.append(Launch("conv", conv_source(), slots, params(words), groups_xyz))
     return result

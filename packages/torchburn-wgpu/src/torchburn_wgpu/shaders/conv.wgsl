@@ -1,6 +1,7 @@
 // 2-d convolution (1-d runs as height 1) as an implicit GEMM: C[pixel, out channel] = A · B with
 // A[pixel, (in channel, ky, kx)] gathered from the input on the fly (no im2col buffer) and B the
-// weight. Tiled like matmul.wgsl: 64×64 outputs per workgroup, 4×4 per thread, 16-deep slabs of A and
+// weight. Tiled like matmul.wgsl: 128×128 outputs per workgroup, 8×8 per thread in named registers
+// (written out by the kernel builder), 16-deep slabs of A and
 // B staged in workgroup memory. One group of a grouped convolution per workgroup z.
 // Transposed convolution uses the same tiles: an input pixel contributes where the strided output
 // position lines up, so A's gather just tests divisibility.
@@ -34,8 +35,8 @@ const P_BIAS = 26u;      // has_bias, offset, stride
 const P_TRANSPOSED = 29u;
 const P_COUT = 30u;      // all output channels
 
-var<workgroup> a_tile: array<array<f32, 65>, 16>;
-var<workgroup> b_tile: array<array<f32, 64>, 16>;
+var<workgroup> a_tile: array<vec4<f32>, 512>;  // [k][pixel / 4]: 16 × 32 vec4
+var<workgroup> b_tile: array<vec4<f32>, 512>;  // [k][channel / 4]
 
 fn load_a(m: u32, k: u32, g: u32) -> f32 {
     let ohw = params[P_OH] * params[P_OW];
@@ -89,18 +90,34 @@ fn load_b(k: u32, co: u32, g: u32) -> f32 {
              + kx * params[P_WT + 4u]];
 }
 
+fn put(m: u32, co: u32, g: u32, v: f32) {
+    let N = params[P_COUT_G];
+    if (m >= params[P_M] || co >= N) {
+        return;
+    }
+    let ohw = params[P_OH] * params[P_OW];
+    let n = m / ohw;
+    let pixel = m % ohw;
+    let channel = g * N + co;
+    var out_v = v;
+    if (params[P_BIAS] != 0u) {
+        out_v += bias[params[P_BIAS + 1u] + channel * params[P_BIAS + 2u]];
+    }
+    out[(n * params[P_COUT] + channel) * ohw + pixel] = out_v;
+}
+
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let M = params[P_M];
     let N = params[P_COUT_G];
     let K = params[P_K];
     let g = wg.z;
-    let row0 = wg.y * 64u;
-    let col0 = wg.x * 64u;
+    let row0 = wg.y * 128u;
+    let col0 = wg.x * 128u;
     let t = lid.y * 16u + lid.x;
-    var acc: array<array<f32, 4>, 4>;
+{{ACC_DECLARE}}
     for (var k0 = 0u; k0 < K; k0 += 16u) {
-        for (var e = 0u; e < 4u; e++) {
+        for (var e = 0u; e < 8u; e++) {
             let idx = t + e * 256u;
             let am = idx / 16u;
             let ak = idx % 16u;
@@ -108,50 +125,24 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             if (row0 + am < M && k0 + ak < K) {
                 av = load_a(row0 + am, k0 + ak, g);
             }
-            a_tile[ak][am] = av;
-            let bk = idx / 64u;
-            let bn = idx % 64u;
+            a_tile[ak * 32u + am / 4u][am % 4u] = av;
+            let bk = idx / 128u;
+            let bn = idx % 128u;
             var bv = 0.0;
             if (k0 + bk < K && col0 + bn < N) {
                 bv = load_b(k0 + bk, col0 + bn, g);
             }
-            b_tile[bk][bn] = bv;
+            b_tile[bk * 32u + bn / 4u][bn % 4u] = bv;
         }
         workgroupBarrier();
         for (var kk = 0u; kk < 16u; kk++) {
-            var av: array<f32, 4>;
-            var bv: array<f32, 4>;
-            for (var i = 0u; i < 4u; i++) {
-                av[i] = a_tile[kk][lid.y + i * 16u];
-                bv[i] = b_tile[kk][lid.x + i * 16u];
-            }
-            for (var i = 0u; i < 4u; i++) {
-                for (var j = 0u; j < 4u; j++) {
-                    acc[i][j] = fma(av[i], bv[j], acc[i][j]);
-                }
-            }
+            let a_lo = a_tile[kk * 32u + lid.y];
+            let a_hi = a_tile[kk * 32u + 16u + lid.y];
+            let b_lo = b_tile[kk * 32u + lid.x];
+            let b_hi = b_tile[kk * 32u + 16u + lid.x];
+{{ACC_UPDATE}}
         }
         workgroupBarrier();
     }
-    let ohw = params[P_OH] * params[P_OW];
-    for (var i = 0u; i < 4u; i++) {
-        let m = row0 + lid.y + i * 16u;
-        if (m >= M) {
-            continue;
-        }
-        let n = m / ohw;
-        let pixel = m % ohw;
-        for (var j = 0u; j < 4u; j++) {
-            let co = col0 + lid.x + j * 16u;
-            if (co >= N) {
-                continue;
-            }
-            let channel = g * N + co;
-            var v = acc[i][j];
-            if (params[P_BIAS] != 0u) {
-                v += bias[params[P_BIAS + 1u] + channel * params[P_BIAS + 2u]];
-            }
-            out[(n * params[P_COUT] + channel) * ohw + pixel] = v;
-        }
-    }
+{{ACC_STORE}}
 }

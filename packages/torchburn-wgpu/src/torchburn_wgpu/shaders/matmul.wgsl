@@ -2,7 +2,8 @@
 // has it), every operand by its own strides (a transposed weight or a permuted activation needs no copy).
 //
 // Tiled for register reuse: a workgroup of 16×16 threads computes a 128×128 tile of C, each thread an
-// 8×8 block held in registers. Per step along k it stages a 16-deep slab of A (transposed, so a thread
+// 8×8 block held in 64 named registers (the kernel builder writes the unrolled products and stores:
+// GPU compilers put an indexed array in slow local memory instead). Per step along k it stages a 16-deep slab of A (transposed, so a thread
 // reads its 8 rows as two vec4) and of B in workgroup memory; each element loaded from memory is then
 // used 128 times, and each shared-memory vec4 read feeds 16 multiply-adds.
 //
@@ -22,6 +23,19 @@ const TK: u32 = 16u;
 var<workgroup> a_tile: array<vec4<{{TYPE}}>, 512>;  // [k][m / 4]: 16 × 32 vec4
 var<workgroup> b_tile: array<vec4<{{TYPE}}>, 512>;  // [k][n / 4]
 
+fn put(r: u32, col: u32, batch: u32, v: {{TYPE}}, alpha: {{TYPE}}, beta: {{TYPE}}) {
+    let M = params[0];
+    let N = params[1];
+    if (r >= M || col >= N) {
+        return;
+    }
+    var out = alpha * v;
+    if (params[15] != 0u) {
+        out += beta * bias[params[11] + batch * params[12] + r * params[13] + col * params[14]];
+    }
+    c[batch * M * N + r * N + col] = out;
+}
+
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let M = params[0];
@@ -37,7 +51,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let row0 = wg.y * TM;
     let col0 = wg.x * TN;
     let t = lid.y * 16u + lid.x;  // 0..255
-    var acc: array<array<{{TYPE}}, 8>, 8>;
+{{ACC_DECLARE}}
     for (var k0 = 0u; k0 < K; k0 += TK) {
         // 256 threads stage 128×16 of A and 16×128 of B: eight elements each, consecutive threads
         // on consecutive k (A) and n (B), which is contiguous memory for row-major operands
@@ -65,35 +79,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             let a_hi = a_tile[kk * 32u + 16u + lid.y];
             let b_lo = b_tile[kk * 32u + lid.x];
             let b_hi = b_tile[kk * 32u + 16u + lid.x];
-            for (var i = 0u; i < 4u; i++) {
-                for (var j = 0u; j < 4u; j++) {
-                    acc[i][j] = fma(a_lo[i], b_lo[j], acc[i][j]);
-                    acc[i][j + 4u] = fma(a_lo[i], b_hi[j], acc[i][j + 4u]);
-                    acc[i + 4u][j] = fma(a_hi[i], b_lo[j], acc[i + 4u][j]);
-                    acc[i + 4u][j + 4u] = fma(a_hi[i], b_hi[j], acc[i + 4u][j + 4u]);
-                }
-            }
+{{ACC_UPDATE}}
         }
         workgroupBarrier();
     }
     let alpha = {{TYPE}}(bitcast<f32>(params[16]));
     let beta = {{TYPE}}(bitcast<f32>(params[17]));
-    let has_bias = params[15] != 0u;
-    for (var i = 0u; i < 8u; i++) {
-        let r = row0 + (i / 4u) * 64u + lid.y * 4u + i % 4u;
-        if (r >= M) {
-            continue;
-        }
-        for (var j = 0u; j < 8u; j++) {
-            let col = col0 + (j / 4u) * 64u + lid.x * 4u + j % 4u;
-            if (col >= N) {
-                continue;
-            }
-            var v = alpha * acc[i][j];
-            if (has_bias) {
-                v += beta * bias[params[11] + batch * params[12] + r * params[13] + col * params[14]];
-            }
-            c[batch * M * N + r * N + col] = v;
-        }
-    }
+{{ACC_STORE}}
 }
