@@ -105,11 +105,11 @@ def register_block(element: str, extra: str) -> dict[str, str]:
 
 def matmul_source(element: str) -> str:
     """``matmul.wgsl`` for ``element`` (f32 or f64)."""
-    return shaders.source("matmul", TYPE=element, **register_block(element, "batch, {}, alpha, beta"))
+    return shaders.source("matmul", TYPE=element, **register_block(element, "wg.z, batch, {}, alpha, beta"))
 
 
 def conv_source() -> str:
-    return shaders.source("conv", **register_block("f32", "g, {}"))
+    return shaders.source("conv", **register_block("f32", "g, plane, {}"))
 
 
 def elementwise_source(out_type: str, input_types: Sequence[str], rank: int, body: str) -> str:

@@ -7,45 +7,96 @@ from typing import Any
 import torch
 
 from ..kernels import Launch, conv_source, f32_bits, matmul_source, params
-from ..planner import PlanError, Planner
+from ..planner import Expr, Lazy, PlanError, Planner, constant
 from ..values import WGSL_TYPES, Value, broadcast_strides
 from . import FLOATS, FxNode, lower, shape_of
 
 aten = torch.ops.aten
 
 
-def matmul(p: Planner, a: Value, b: Value, bias: Value | None, alpha: float, beta: float) -> Value:
+TILE = 128  # rows and columns of C per workgroup
+# workgroups worth having in flight: two per multiprocessor of a large GPU (132 on an H200)
+TARGET_WORKGROUPS = 256
+MIN_SLICE = 256  # split k no finer than this: each slice's partial plane costs a pass over C
+
+
+def slices(tiles: int, k: int) -> tuple[int, int]:
+    """(slices, depth of each) for a product of ``tiles`` output tiles over ``k``: whole 16-deep steps."""
+    chunk = -(-k // k_splits(tiles, k))
+    chunk = max(-(-chunk // 16) * 16, 16)
+    return max(-(-k // chunk), 1), chunk
+
+
+def k_splits(tiles: int, k: int) -> int:
+    """How many slices of k a product with ``tiles`` output tiles is split into (1: none)."""
+    if tiles >= TARGET_WORKGROUPS // 2:
+        return 1
+    return max(1, min(-(-TARGET_WORKGROUPS // max(tiles, 1)), k // MIN_SLICE))
+
+
+def sum_of_planes(p: Planner, partial: Value, splits: int, shape: tuple[int, ...], plane_of: Any) -> Expr:
+    """The sum over slices of a split-k product's partial planes, as one expression over ``shape``."""
+    total: Expr | None = None
+    for s in range(splits):
+        view = plane_of(partial.meta(), s)
+        term = p.lazy(partial.with_layout(view), shape)
+        total = term if total is None else Expr(term.kind, "({0} + {1})", (total, term))
+    assert total is not None
+    return total
+
+
+def matmul(p: Planner, a: Value, b: Value, bias: Value | None, alpha: float, beta: float) -> Value | Lazy:
     """``alpha · a @ b + beta · bias`` for a [M, K] @ [K, N] or batched [B, M, K] @ [B, N, K] product."""
     m, k = a.shape[-2], a.shape[-1]
     n = b.shape[-1]
     batch = a.shape[0] if a.rank == 3 else 1
-    out = p.new_value(a.dtype, (batch, m, n) if a.rank == 3 else (m, n))
+    shape = (batch, m, n) if a.rank == 3 else (m, n)
+    tiles = -(-n // TILE) * -(-m // TILE) * batch
+    splits, chunk = slices(tiles, k)
+    out = p.new_value(a.dtype, (batch * splits, m, n) if splits > 1 else shape)
     if out.numel == 0:
-        return out
+        return p.new_value(a.dtype, shape)
 
     def batch_stride(v: Value) -> int:
         return v.strides[0] if v.rank == 3 else 0
 
     words = [m, n, k, a.offset, batch_stride(a), a.strides[-2], a.strides[-1]]
     words += [b.offset, batch_stride(b), b.strides[-2], b.strides[-1]]
-    if bias is not None:
+    fused_bias = bias is not None and splits == 1
+    if fused_bias and bias is not None:
         words += [bias.offset, batch_stride(bias), bias.strides[-2], bias.strides[-1], 1]
     else:
         words += [0, 0, 0, 0, 0]
-    words += [f32_bits(alpha), f32_bits(beta)]
-    slots = [out.slot, a.slot, b.slot, (bias or a).slot]
+    scale = alpha if splits == 1 else 1.0
+    words += [f32_bits(scale), f32_bits(beta), chunk, splits]
+    slots = [out.slot, a.slot, b.slot, (bias if fused_bias and bias is not None else a).slot]
     code = matmul_source(WGSL_TYPES[a.dtype])
-    p.launches.append(Launch("matmul", code, slots, params(words), (-(-n // 128), -(-m // 128), batch)))
-    return out
+    p.launches.append(Launch("matmul", code, slots, params(words), (-(-n // TILE), -(-m // TILE), batch * splits)))
+    if splits == 1:
+        return out
+
+    # planes are [batch, slice]-major: slice s of batch i is plane i·splits + s
+    def plane(meta: torch.Tensor, s: int) -> torch.Tensor:
+        planes = meta.view(batch, splits, m, n)[:, s]
+        return planes if a.rank == 3 else planes[0]
+
+    kind = "f64" if a.dtype == torch.float64 else "f32"
+    total = sum_of_planes(p, out, splits, shape, plane)
+    if alpha != 1.0:
+        total = Expr(kind, "({0} * {1})", (total, constant(alpha, kind)))
+    if bias is not None:
+        term = Expr(kind, "({0} * {1})", (p.lazy(bias, shape), constant(beta, kind)))
+        total = Expr(kind, "({0} + {1})", (total, term))
+    return Lazy(total, a.dtype, shape)
 
 
 @lower([aten.mm.default, aten.bmm.default], family="matmul", dtypes=FLOATS)
-def _mm(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
+def _mm(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value | Lazy:
     return matmul(p, p.materialize(args[0]), p.materialize(args[1]), None, 1.0, 0.0)
 
 
 @lower(aten.addmm.default, family="matmul", dtypes=FLOATS)
-def _addmm(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
+def _addmm(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value | Lazy:
     bias, a, b = (p.materialize(x) for x in args[:3])
     shape = (a.shape[0], b.shape[1])
     bias = Value(bias.slot, bias.dtype, shape, broadcast_strides(bias, shape), bias.offset, bias.buffer_numel)
@@ -67,7 +118,7 @@ def _as_2d(v: Value) -> Value:
 
 
 @lower(aten.convolution.default, family="conv", check=_conv_check)
-def _convolution(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
+def _convolution(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value | Lazy:
     x, w = _as_2d(p.materialize(args[0])), _as_2d(p.materialize(args[1]))
     bias = p.materialize(args[2]) if args[2] is not None else None
     # output_padding needs nothing here: the output shape (from PyTorch) already includes it
@@ -90,8 +141,21 @@ def _convolution(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
     words += [*stride, *padding, *dilation]
     words += [x.offset, *x.strides, w.offset, *w.strides]
     words += [1, bias.offset, bias.strides[0]] if bias is not None else [0, 0, 0]
-    words += [int(bool(transposed)), cout]
+    k = cin_g * kh * kw
+    tiles = -(-cout_g // TILE) * -(-(n * oh * ow) // TILE) * groups
+    splits, chunk = slices(tiles, k)
+    if splits > 1:  # partial planes first; the sum (and the bias) after
+        words[26:29] = [0, 0, 0]
+        result = p.new_value(torch.float32, (splits, *result.shape))
+    words += [int(bool(transposed)), cout, chunk, splits]
     slots = [result.slot, x.slot, w.slot, (bias or x).slot]
-    groups_xyz = (-(-cout_g // 128), -(-(n * oh * ow) // 128), groups)
+    groups_xyz = (-(-cout_g // TILE), -(-(n * oh * ow) // TILE), groups * splits)
     p.launches.append(Launch("conv", conv_source(), slots, params(words), groups_xyz))
-    return result
+    if splits == 1:
+        return result
+    shape = shape_of(out)
+    total = sum_of_planes(p, result, splits, shape, lambda meta, s: meta[s])
+    if bias is not None:
+        channel = bias.with_layout(bias.meta().view(bias.shape[0], *([1] * (len(shape) - 2))))
+        total = Expr("f32", "({0} + {1})", (total, p.lazy(channel, shape)))
+    return Lazy(total, torch.float32, shape)

@@ -34,6 +34,8 @@ const P_WT = 21u;        // offset, then strides of the weight's 4 dims
 const P_BIAS = 26u;      // has_bias, offset, stride
 const P_TRANSPOSED = 29u;
 const P_COUT = 30u;      // all output channels
+const P_K_CHUNK = 31u;   // split-k: how deep each slice is,
+const P_SPLITS = 32u;    // and how many (each slice writes its own plane of partial outputs)
 
 var<workgroup> a_tile: array<vec4<f32>, 512>;  // [k][pixel / 4]: 16 × 32 vec4
 var<workgroup> b_tile: array<vec4<f32>, 512>;  // [k][channel / 4]
@@ -90,7 +92,7 @@ fn load_b(k: u32, co: u32, g: u32) -> f32 {
              + kx * params[P_WT + 4u]];
 }
 
-fn put(m: u32, co: u32, g: u32, v: f32) {
+fn put(m: u32, co: u32, g: u32, plane: u32, v: f32) {
     let N = params[P_COUT_G];
     if (m >= params[P_M] || co >= N) {
         return;
@@ -103,20 +105,24 @@ fn put(m: u32, co: u32, g: u32, v: f32) {
     if (params[P_BIAS] != 0u) {
         out_v += bias[params[P_BIAS + 1u] + channel * params[P_BIAS + 2u]];
     }
-    out[(n * params[P_COUT] + channel) * ohw + pixel] = out_v;
+    let plane_size = (params[P_M] / ohw) * params[P_COUT] * ohw;
+    out[plane * plane_size + (n * params[P_COUT] + channel) * ohw + pixel] = out_v;
 }
 
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let M = params[P_M];
     let N = params[P_COUT_G];
-    let K = params[P_K];
-    let g = wg.z;
+    let splits = params[P_SPLITS];
+    let g = wg.z / splits;
+    let plane = wg.z % splits;
+    let k_begin = plane * params[P_K_CHUNK];
+    let K = min(params[P_K], k_begin + params[P_K_CHUNK]);
     let row0 = wg.y * 128u;
     let col0 = wg.x * 128u;
     let t = lid.y * 16u + lid.x;
 {{ACC_DECLARE}}
-    for (var k0 = 0u; k0 < K; k0 += 16u) {
+    for (var k0 = k_begin; k0 < K; k0 += 16u) {
         for (var e = 0u; e < 8u; e++) {
             let idx = t + e * 256u;
             let am = idx / 16u;

@@ -8,7 +8,11 @@
 // used 128 times, and each shared-memory vec4 read feeds 16 multiply-adds.
 //
 // params: [M, N, K, a_off, a_bs, a_rs, a_cs, b_off, b_bs, b_rs, b_cs,
-//          bias_off, bias_bs, bias_rs, bias_cs, has_bias, alpha_bits, beta_bits]
+//          bias_off, bias_bs, bias_rs, bias_cs, has_bias, alpha_bits, beta_bits, k_chunk, splits]
+//
+// Split-k: where the output has too few tiles to fill the GPU (a long k, a small C), workgroup z
+// covers (batch, slice) and each slice of k writes its partial C to its own plane; the sum (with
+// alpha and the bias) is then one fused elementwise kernel.
 
 @group(0) @binding(0) var<storage, read> params: array<u32>;
 @group(0) @binding(1) var<storage, read_write> c: array<{{TYPE}}>;
@@ -23,7 +27,7 @@ const TK: u32 = 16u;
 var<workgroup> a_tile: array<vec4<{{TYPE}}>, 512>;  // [k][m / 4]: 16 × 32 vec4
 var<workgroup> b_tile: array<vec4<{{TYPE}}>, 512>;  // [k][n / 4]
 
-fn put(r: u32, col: u32, batch: u32, v: {{TYPE}}, alpha: {{TYPE}}, beta: {{TYPE}}) {
+fn put(r: u32, col: u32, plane: u32, batch: u32, v: {{TYPE}}, alpha: {{TYPE}}, beta: {{TYPE}}) {
     let M = params[0];
     let N = params[1];
     if (r >= M || col >= N) {
@@ -33,15 +37,17 @@ fn put(r: u32, col: u32, batch: u32, v: {{TYPE}}, alpha: {{TYPE}}, beta: {{TYPE}
     if (params[15] != 0u) {
         out += beta * bias[params[11] + batch * params[12] + r * params[13] + col * params[14]];
     }
-    c[batch * M * N + r * N + col] = out;
+    c[plane * M * N + r * N + col] = out;
 }
 
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let M = params[0];
     let N = params[1];
-    let K = params[2];
-    let batch = wg.z;
+    let splits = params[19];
+    let batch = wg.z / splits;
+    let k_begin = (wg.z % splits) * params[18];
+    let K = min(params[2], k_begin + params[18]);
     let a_base = params[3] + batch * params[4];
     let b_base = params[7] + batch * params[8];
     let a_rs = params[5];
@@ -52,7 +58,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let col0 = wg.x * TN;
     let t = lid.y * 16u + lid.x;  // 0..255
 {{ACC_DECLARE}}
-    for (var k0 = 0u; k0 < K; k0 += TK) {
+    for (var k0 = k_begin; k0 < K; k0 += TK) {
         // 256 threads stage 128×16 of A and 16×128 of B: eight elements each, consecutive threads
         // on consecutive k (A) and n (B), which is contiguous memory for row-major operands
         for (var e = 0u; e < 8u; e++) {
