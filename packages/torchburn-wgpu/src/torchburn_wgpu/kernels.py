@@ -112,6 +112,47 @@ def conv_source() -> str:
     return shaders.source("conv", **register_block("f32", "g, plane, {}"))
 
 
+SOFTMAX_PER_THREAD = 8  # registers per thread for a row held whole: rows up to 256 × 8 elements
+
+
+def softmax_source(outer_rank: int, log: bool, length: int) -> str:
+    """``softmax.wgsl``; for rows that fit, with the register-resident body written out."""
+    fills = {"OUTER_RANK": str(outer_rank), "LOG": "true" if log else "false"}
+    per_thread = -(-length // 256)
+    if per_thread > SOFTMAX_PER_THREAD:
+        return shaders.source("softmax", IN_REGISTERS="false", IN_REGISTERS_BODY="", **fills)
+    lines = ["        var m = -3.4028235e38;", "        var saw_nan = false;"]
+    for r in range(per_thread):
+        lines += [
+            f"        let j{r} = lid + {256 * r}u;",
+            f"        var v{r} = -bitcast<f32>(0x7f800000u);",
+            f"        if (j{r} < n) {{",
+            f"            v{r} = x[base + j{r} * stride];",
+            f"            saw_nan = saw_nan || ((bitcast<u32>(v{r}) & 0x7fffffffu) > 0x7f800000u);",
+            f"            m = max(m, v{r});",
+            "        }",
+        ]
+    lines += [
+        "        partial[lid] = select(m, bitcast<f32>(0x7fc00000u), saw_nan);",
+        "        let row_max = tree(lid, true);",
+    ]
+    lines += ["        var s = 0.0;"]
+    lines += [f"        if (j{r} < n) {{ s += exp(v{r} - row_max); }}" for r in range(per_thread)]
+    lines += [
+        "        partial[lid] = s;",
+        "        let total = tree(lid, false);",
+        "        let log_total = log(total);",
+    ]
+    for r in range(per_thread):
+        lines += [
+            f"        if (j{r} < n) {{",
+            f"            let shifted = v{r} - row_max;",
+            f"            out[out_base + j{r} * out_stride] = select(exp(shifted) / total, shifted - log_total, LOG);",
+            "        }",
+        ]
+    return shaders.source("softmax", IN_REGISTERS="true", IN_REGISTERS_BODY="\n".join(lines), **fills)
+
+
 def elementwise_source(out_type: str, input_types: Sequence[str], rank: int, body: str) -> str:
     inputs = "\n".join(
         f"@group(0) @binding({2 + k}) var<storage, read> in{k}: array<{t}>;" for k, t in enumerate(input_types)

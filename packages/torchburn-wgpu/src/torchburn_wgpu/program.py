@@ -263,7 +263,8 @@ class Plan:
             queue.submit([encoder.finish()])
             self.staging.map_sync(wgpu.MapMode.READ)
             try:
-                raw = np.frombuffer(self.staging.read_mapped(), dtype=np.uint8).copy()
+                # one copy, out of the mapped memory into memory we own, before it is unmapped
+                raw = np.array(self.staging.read_mapped(copy=False), dtype=np.uint8, copy=True)
             finally:
                 self.staging.unmap()
         except Exception as exc:

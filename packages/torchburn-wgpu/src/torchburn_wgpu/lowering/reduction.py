@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ..kernels import Launch, f32_bits, grid, params, reduce_source
+from ..kernels import Launch, f32_bits, grid, params, reduce_source, softmax_source
 from ..planner import Expr, Lazy, PlanError, Planner
 from ..shaders import source
 from ..values import WGSL_TYPES, Value, contiguous
@@ -124,8 +124,7 @@ def _softmax(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
     rows = result.numel // x.shape[dim]
     words = [rows, x.shape[dim], x.offset, x.strides[dim], out_strides[dim]]
     words += [x.shape[d] for d in outer] + [x.strides[d] for d in outer] + [out_strides[d] for d in outer]
-    log = "true" if node.target == aten._log_softmax.default else "false"
-    code = source("softmax", OUTER_RANK=str(len(outer)), LOG=log)
+    code = softmax_source(len(outer), node.target == aten._log_softmax.default, x.shape[dim])
     p.launches.append(Launch("softmax", code, [result.slot, x.slot], params(words), grid(rows)))
     return result
 

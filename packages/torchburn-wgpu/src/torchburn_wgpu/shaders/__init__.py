@@ -40,7 +40,7 @@ SAMPLES: dict[str, dict[str, str]] = {
     "conv": {"ACC_DECLARE": "", "ACC_UPDATE": "", "ACC_STORE": ""},
     "pool": {"MAX": "true"},
     "gather": {"TYPE": "f32", "RANK": "2", "SCATTER": "false"},
-    "softmax": {"OUTER_RANK": "1", "LOG": "false"},
+    "softmax": {"OUTER_RANK": "1", "LOG": "false", "IN_REGISTERS": "false", "IN_REGISTERS_BODY": ""},
     "layer_norm": {},
 }
 

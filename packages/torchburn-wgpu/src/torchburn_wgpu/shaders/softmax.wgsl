@@ -1,5 +1,6 @@
 // Softmax (or log-softmax) along one dim of a strided tensor: one workgroup per row, three passes
-// over the row (max, sum of exponentials, write) with workgroup-memory trees in between.
+// over the row (max, sum of exponentials, write) with workgroup-memory trees in between. Rows of up
+// to 2048 elements are read once into registers (named, written out by the kernel builder) instead.
 //
 // params: [rows, length, offset, dim_stride, out_dim_stride, outer_shape[OUTER_RANK],
 //        outer_strides[OUTER_RANK], out_outer_strides[OUTER_RANK]]
@@ -11,6 +12,7 @@
 
 const OUTER_RANK: u32 = {{OUTER_RANK}}u;
 const LOG: bool = {{LOG}};
+const IN_REGISTERS: bool = {{IN_REGISTERS}};
 
 var<workgroup> partial: array<f32, 256>;
 
@@ -47,6 +49,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
         base += idx * params[5u + OUTER_RANK + d - 1u];
         out_base += idx * params[5u + 2u * OUTER_RANK + d - 1u];
         rest /= size;
+    }
+    if (IN_REGISTERS) {
+        // the row fits 256 threads × a few registers: read it once, keep it, write it once
+{{IN_REGISTERS_BODY}}
+        return;
     }
     var m = -3.4028235e38;
     var saw_nan = false;
