@@ -21,13 +21,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchburn.bench import ROWS, Row, _function, _mm
+from torchburn.bench import ROWS, Row, _function, _gelu, _mm, _softmax
 
 from .device import gpu
 from .program import gpu_seconds, plans_run
 
 GPU_ROWS = [r for r in ROWS if r.kind == "throughput"] + [
     Row("mm4096", "matmul 4096x4096 @ 4096x4096", _function(_mm, (4096, 4096), (4096, 4096)), tol=5e-2),
+    # the CPU table's GELU and softmax fit an H200's 50 MB L2; these do not
+    Row("gelu16m", "GELU (erf) 4096x4096", _function(_gelu, (4096, 4096))),
+    Row("softmax16m", "softmax 4096x4096, dim=-1", _function(_softmax, (4096, 4096))),
 ]
 
 
@@ -125,7 +128,8 @@ def derived(results: list[dict[str, Any]], bandwidth: float) -> list[str]:
             f"mm 4096³: wgpu kernels {ours / 1e12:.1f} TFLOP/s, cuBLAS fp32 {cublas / 1e12:.1f} TFLOP/s "
             f"-> {100 * ours / cublas:.0f}% (target 50%)"
         )
-    for name, elements in (("gelu", 1024 * 1024), ("softmax", 2048 * 2048)):
+    sizes = (("gelu", 2**20), ("softmax", 2**22), ("gelu16m", 2**24), ("softmax16m", 2**24))
+    for name, elements in sizes:
         if name in by_name:
             moved = 2 * elements * 4 / by_name[name]["wgpu_gpu_s"]  # one read and one write per element
             lines.append(

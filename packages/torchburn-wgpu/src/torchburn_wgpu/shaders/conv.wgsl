@@ -37,7 +37,8 @@ const P_COUT = 30u;      // all output channels
 const P_K_CHUNK = 31u;   // split-k: how deep each slice is,
 const P_SPLITS = 32u;    // and how many (each slice writes its own plane of partial outputs)
 
-var<workgroup> a_tile: array<vec4<f32>, 512>;  // [k][pixel / 4]: 16 × 32 vec4
+// [k][pixel / 4]: 16 rows of 32 vec4, each padded by one against bank conflicts (see matmul.wgsl)
+var<workgroup> a_tile: array<vec4<f32>, 528>;
 var<workgroup> b_tile: array<vec4<f32>, 512>;  // [k][channel / 4]
 
 fn load_a(m: u32, k: u32, g: u32) -> f32 {
@@ -131,7 +132,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             if (row0 + am < M && k0 + ak < K) {
                 av = load_a(row0 + am, k0 + ak, g);
             }
-            a_tile[ak * 32u + am / 4u][am % 4u] = av;
+            a_tile[ak * 33u + am / 4u][am % 4u] = av;
             let bk = idx / 128u;
             let bn = idx % 128u;
             var bv = 0.0;
@@ -142,8 +143,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         }
         workgroupBarrier();
         for (var kk = 0u; kk < 16u; kk++) {
-            let a_lo = a_tile[kk * 32u + lid.y];
-            let a_hi = a_tile[kk * 32u + 16u + lid.y];
+            let a_lo = a_tile[kk * 33u + lid.y];
+            let a_hi = a_tile[kk * 33u + 16u + lid.y];
             let b_lo = b_tile[kk * 32u + lid.x];
             let b_hi = b_tile[kk * 32u + 16u + lid.x];
 {{ACC_UPDATE}}

@@ -24,7 +24,9 @@ const TM: u32 = 128u;
 const TN: u32 = 128u;
 const TK: u32 = 16u;
 
-var<workgroup> a_tile: array<vec4<{{TYPE}}>, 512>;  // [k][m / 4]: 16 × 32 vec4
+// [k][m / 4]: 16 rows of 32 vec4, each padded by one: the staging writes of one warp run down a
+// column (16 values of k), which unpadded would all fall in the same memory bank
+var<workgroup> a_tile: array<vec4<{{TYPE}}>, 528>;
 var<workgroup> b_tile: array<vec4<{{TYPE}}>, 512>;  // [k][n / 4]
 
 fn put(r: u32, col: u32, plane: u32, batch: u32, v: {{TYPE}}, alpha: {{TYPE}}, beta: {{TYPE}}) {
@@ -69,7 +71,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             if (row0 + am < M && k0 + ak < K) {
                 av = a[a_base + (row0 + am) * a_rs + (k0 + ak) * a_cs];
             }
-            a_tile[ak * 32u + am / 4u][am % 4u] = av;
+            a_tile[ak * 33u + am / 4u][am % 4u] = av;
             let bk = idx / TN;
             let bn = idx % TN;
             var bv = {{TYPE}}(0);
@@ -81,8 +83,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         workgroupBarrier();
         for (var kk = 0u; kk < TK; kk++) {
             // this thread's rows: 4·ly .. 4·ly+3 and 64 + the same; columns likewise with lx
-            let a_lo = a_tile[kk * 32u + lid.y];
-            let a_hi = a_tile[kk * 32u + 16u + lid.y];
+            let a_lo = a_tile[kk * 33u + lid.y];
+            let a_hi = a_tile[kk * 33u + 16u + lid.y];
             let b_lo = b_tile[kk * 32u + lid.x];
             let b_hi = b_tile[kk * 32u + 16u + lid.x];
 {{ACC_UPDATE}}
