@@ -112,7 +112,7 @@ def conv_source() -> str:
     return shaders.source("conv", **register_block("f32", "g, plane, {}"))
 
 
-SOFTMAX_PER_THREAD = 8  # registers per thread for a row held whole: rows up to 256 × 8 elements
+SOFTMAX_PER_THREAD = 16  # registers per thread for a row held whole: rows up to 256 × 16 elements
 
 
 def softmax_source(outer_rank: int, log: bool, length: int) -> str:

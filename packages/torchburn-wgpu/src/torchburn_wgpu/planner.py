@@ -129,9 +129,8 @@ class Planner:
         words += [out.offset, *out.strides]
         types = [WGSL_TYPES[self.slots[s].dtype] for s in slots]
         source = elementwise_source(out.wgsl_type, types, rank, body)
-        self.launches.append(
-            Launch("elementwise", source, [out.slot, *slots], params(words), grid(-(-out.numel // 256)))
-        )
+        threads = -(-out.numel // ELEMENTS_PER_THREAD)
+        self.launches.append(Launch("elementwise", source, [out.slot, *slots], params(words), grid(-(-threads // 256))))
         return out
 
     def dense(self, x: Tensorish) -> Value:
@@ -200,47 +199,60 @@ def _row_major(strides: tuple[int, ...], shape: tuple[int, ...]) -> bool:
     return all(size == 1 or st == want for size, st, want in zip(shape, strides, contiguous(shape), strict=True))
 
 
-def _render(expr: Expr, leaves: list[Value], slots: list[int], out: Value) -> str:
-    """WGSL statements computing ``expr`` at index ``i`` and storing it (one ``let`` per node).
+ELEMENTS_PER_THREAD = 4  # each thread computes this many outputs, a launch's width apart
+INDEX = "@i"  # how an expression template names the output's linear index
 
-    An operand (or the output) laid out row-major like the output is addressed as offset + i, with
-    none of the per-dim division of ``offset_of``: the common case, and the one that decides how
-    close an elementwise kernel gets to the memory bandwidth."""
-    lines: list[str] = []
-    names: dict[int, str] = {}
+
+def _render(expr: Expr, leaves: list[Value], slots: list[int], out: Value) -> str:
+    """WGSL statements computing ``expr`` at ELEMENTS_PER_THREAD indices and storing the results.
+
+    Every load of every copy comes before any store: the compiler may not move a load above a store
+    to another binding (they could alias), so this order is what lets a thread have several loads in
+    flight. An operand (or the output) laid out row-major like the output is addressed as offset +
+    index, with none of the per-dim division of ``offset_of``: the common case, and the one that
+    decides how close an elementwise kernel gets to the memory bandwidth."""
     leaf_index = {leaf: k for k, leaf in enumerate(leaves)}
     n_leaves = len(leaves)
     rank = len(out.shape)
 
-    def address(k: int, strides: tuple[int, ...]) -> str:
+    def address(k: int, strides: tuple[int, ...], index: str) -> str:
         if _row_major(strides, out.shape):
-            return f"params[{1 + rank + k * (rank + 1)}u] + i"
-        return f"offset_of({k}u, i)"
+            return f"params[{1 + rank + k * (rank + 1)}u] + {index}"
+        return f"offset_of({k}u, {index})"
 
-    def name(e: Expr) -> str:
-        key = id(e)
-        if key in names:
-            return names[key]
-        if e.leaf is not None:
-            k = leaf_index[e.leaf]
-            binding = slots.index(e.leaf.slot)
-            load = f"in{binding}[{address(k, e.leaf.strides)}]"
-            code = f"({load} != 0u)" if e.kind == "bool" else load
-        elif not e.args:
-            names[key] = e.template  # a constant: inline
-            return e.template
-        else:
-            code = e.template.format(*(name(a) for a in e.args))
-        n = f"e{len(names)}"
-        names[key] = n
-        lines.append(f"    let {n} = {code};")
-        return n
+    lines = ["    let width = groups.x * groups.y * 256u;"]
+    stores: list[str] = []
+    for copy in range(ELEMENTS_PER_THREAD):
+        index = f"i{copy}"
+        # past the end, a copy recomputes the last element (never stored): loads stay in bounds
+        lines.append(f"    let {index} = min(t + {copy}u * width, params[0] - 1u);")
+        names: dict[int, str] = {}
 
-    result = name(cast(expr, KINDS[out.dtype]))
-    if out.dtype == torch.bool:
-        result = f"select(0u, 1u, {result})"
-    lines.append(f"    out[{address(n_leaves, out.strides)}] = {result};")
-    return "\n".join(lines)
+        def name(e: Expr, index: str = index, names: dict[int, str] = names, copy: int = copy) -> str:
+            key = id(e)
+            if key in names:
+                return names[key]
+            if e.leaf is not None:
+                k = leaf_index[e.leaf]
+                binding = slots.index(e.leaf.slot)
+                load = f"in{binding}[{address(k, e.leaf.strides, index)}]"
+                code = f"({load} != 0u)" if e.kind == "bool" else load
+            elif not e.args:  # a constant, or the index itself: inline
+                names[key] = e.template.replace(INDEX, index)
+                return names[key]
+            else:
+                code = e.template.replace(INDEX, index).format(*(name(a) for a in e.args))
+            n = f"e{copy}_{len(names)}"
+            names[key] = n
+            lines.append(f"    let {n} = {code};")
+            return n
+
+        result = name(cast(expr, KINDS[out.dtype]))
+        if out.dtype == torch.bool:
+            result = f"select(0u, 1u, {result})"
+        target = address(n_leaves, out.strides, index)
+        stores.append(f"    if (t + {copy}u * width < params[0]) {{ out[{target}] = {result}; }}")
+    return "\n".join(lines + stores)
 
 
 Lowering = Callable[[Planner, torch.fx.Node, list[Any], Any], Any]

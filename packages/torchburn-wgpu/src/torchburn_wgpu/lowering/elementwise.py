@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..planner import Expr, Lazy, Planner, cast, constant
+from ..planner import INDEX, Expr, Lazy, Planner, cast, constant
 from ..values import KINDS, Value
 from . import ALL, ANY, BOOL, F32, FLOATS, INTS, NUMERIC, FxNode, lower, shape_of
 
@@ -307,7 +307,7 @@ def _arange(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     start = args[0]
     step = args[2] if len(args) > 2 else node.kwargs.get("step", 1)
     compute = "f32" if out.dtype == torch.float32 else "i32"
-    index = Expr(compute, f"{compute}(i)")  # a 1-d output: the linear index is the position
+    index = Expr(compute, f"{compute}({INDEX})")  # a 1-d output: the linear index is the position
     shape = shape_of(out)
     first, delta = (cast(p.lazy(v, shape), compute) for v in (start, step))
     return Lazy(Expr(compute, "({0} + {1} * {2})", (first, delta, index)), out.dtype, shape)

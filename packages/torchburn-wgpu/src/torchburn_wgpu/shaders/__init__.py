@@ -22,7 +22,7 @@ SAMPLES: dict[str, dict[str, str]] = {
         "INPUTS": "@group(0) @binding(2) var<storage, read> in0: array<f32>;",
         "RANK": "2",
         "MATH64": "",
-        "BODY": "    let v0 = in0[offset_of(0u, i)];\n    out[i] = tb_gelu_erf(v0) + tb_pow(v0, 3.0);",
+        "BODY": "    let v0 = in0[offset_of(0u, t)];\n    out[t] = tb_gelu_erf(v0) + tb_pow(v0, 3.0);",
     },
     "matmul": {"TYPE": "f32", "ACC_DECLARE": "", "ACC_UPDATE": "", "ACC_STORE": ""},
     "reduce": {

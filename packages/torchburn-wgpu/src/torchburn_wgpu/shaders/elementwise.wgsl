@@ -1,4 +1,4 @@
-// Elementwise: one thread per output element. Each input is read through its own offset and strides
+// Elementwise: each thread computes a few output elements, a launch's width apart. Each input is read through its own offset and strides
 // (a broadcast is a zero stride and a view is just other strides, so neither needs a copy), and the
 // body is a whole fused chain of elementwise ops, generated per region, with no intermediate in memory.
 //
@@ -27,8 +27,8 @@ fn offset_of(input: u32, linear: u32) -> u32 {
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let i = gid.x + gid.y * groups.x * 256u;
-    if (i >= params[0]) {
+    let t = gid.x + gid.y * groups.x * 256u;
+    if (t >= params[0]) {
         return;
     }
 {{BODY}}

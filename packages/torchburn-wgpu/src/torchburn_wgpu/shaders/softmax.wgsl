@@ -1,6 +1,6 @@
 // Softmax (or log-softmax) along one dim of a strided tensor: one workgroup per row, three passes
 // over the row (max, sum of exponentials, write) with workgroup-memory trees in between. Rows of up
-// to 2048 elements are read once into registers (named, written out by the kernel builder) instead.
+// to 4096 elements are read once into registers (named, written out by the kernel builder) instead.
 //
 // params: [rows, length, offset, dim_stride, out_dim_stride, outer_shape[OUTER_RANK],
 //        outer_strides[OUTER_RANK], out_outer_strides[OUTER_RANK]]
