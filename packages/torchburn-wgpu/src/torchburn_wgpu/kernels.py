@@ -103,9 +103,10 @@ def register_block(element: str, extra: str) -> dict[str, str]:
     return {"ACC_DECLARE": declare, "ACC_UPDATE": update, "ACC_STORE": store}
 
 
-def matmul_source(element: str) -> str:
-    """``matmul.wgsl`` for ``element`` (f32 or f64)."""
-    return shaders.source("matmul", TYPE=element, **register_block(element, "wg.z, batch, {}, alpha, beta"))
+def matmul_source(element: str, vec: bool) -> str:
+    """``matmul.wgsl`` for ``element`` (f32 or f64); ``vec``: operands read as vec4 (row-major, aligned)."""
+    block = register_block(element, "wg.z, batch, {}, alpha, beta")
+    return shaders.source("matmul", TYPE=element, VEC="true" if vec else "false", **block)
 
 
 def conv_source() -> str:

@@ -69,8 +69,12 @@ def matmul(p: Planner, a: Value, b: Value, bias: Value | None, alpha: float, bet
         words += [0, 0, 0, 0, 0]
     scale = alpha if splits == 1 else 1.0
     words += [f32_bits(scale), f32_bits(beta), chunk, splits]
-    slots = [out.slot, a.slot, b.slot, (bias if fused_bias and bias is not None else a).slot]
-    code = matmul_source(WGSL_TYPES[a.dtype])
+    slots = [out.slot, a.slot, b.slot, (bias if fused_bias and bias is not None else a).slot, a.slot, b.slot]
+    # four at a time where both operands are row-major along the product's inner dims, every row
+    # starting on a 16-byte boundary
+    aligned = [a.offset, batch_stride(a), a.strides[-2], b.offset, batch_stride(b), b.strides[-2], k, n]
+    vec = a.strides[-1] == 1 and b.strides[-1] == 1 and all(v % 4 == 0 for v in aligned)
+    code = matmul_source(WGSL_TYPES[a.dtype], vec)
     p.launches.append(Launch("matmul", code, slots, params(words), (-(-n // TILE), -(-m // TILE), batch * splits)))
     if splits == 1:
         return out

@@ -19,6 +19,11 @@
 @group(0) @binding(2) var<storage, read> a: array<{{TYPE}}>;
 @group(0) @binding(3) var<storage, read> b: array<{{TYPE}}>;
 @group(0) @binding(4) var<storage, read> bias: array<{{TYPE}}>;
+// the same buffers as a and b, read four elements at a time where both are row-major and aligned
+@group(0) @binding(5) var<storage, read> a4: array<vec4<{{TYPE}}>>;
+@group(0) @binding(6) var<storage, read> b4: array<vec4<{{TYPE}}>>;
+
+const VEC: bool = {{VEC}};
 
 const TM: u32 = 128u;
 const TN: u32 = 128u;
@@ -61,6 +66,30 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let t = lid.y * 16u + lid.x;  // 0..255
 {{ACC_DECLARE}}
     for (var k0 = k_begin; k0 < K; k0 += TK) {
+        if (VEC) {
+            // two vec4 of A (along k) and two of B (along n) per thread
+            for (var e = 0u; e < 2u; e++) {
+                let v = t + e * 256u;
+                let am = v / 4u;
+                let ak = (v % 4u) * 4u;
+                var av = vec4<{{TYPE}}>();
+                if (row0 + am < M && k0 + ak < K) {
+                    av = a4[(a_base + (row0 + am) * a_rs + k0 + ak) / 4u];
+                }
+                a_tile[(ak + 0u) * 33u + am / 4u][am % 4u] = av.x;
+                a_tile[(ak + 1u) * 33u + am / 4u][am % 4u] = av.y;
+                a_tile[(ak + 2u) * 33u + am / 4u][am % 4u] = av.z;
+                a_tile[(ak + 3u) * 33u + am / 4u][am % 4u] = av.w;
+                let bk = v / 32u;
+                let bn = (v % 32u) * 4u;
+                var bv = vec4<{{TYPE}}>();
+                if (k0 + bk < K && col0 + bn < N) {
+                    bv = b4[(b_base + (k0 + bk) * b_rs + col0 + bn) / 4u];
+                }
+                b_tile[bk * 32u + bn / 4u] = bv;
+            }
+            workgroupBarrier();
+        } else {
         // 256 threads stage 128×16 of A and 16×128 of B: eight elements each, consecutive threads
         // on consecutive k (A) and n (B), which is contiguous memory for row-major operands
         for (var e = 0u; e < 8u; e++) {
@@ -81,6 +110,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             b_tile[bk * 32u + bn / 4u][bn % 4u] = bv;
         }
         workgroupBarrier();
+        }
         for (var kk = 0u; kk < TK; kk++) {
             // this thread's rows: 4·ly .. 4·ly+3 and 64 + the same; columns likewise with lx
             let a_lo = a_tile[kk * 33u + lid.y];
