@@ -50,3 +50,18 @@ def test_the_vulkan_backend_names_its_adapter(gpu_compile: object) -> None:
     row = _report("vulkan")
     assert row["available"] is True, row
     assert "via Vulkan" in str(row["device"])
+
+
+def test_auto_picks_the_gpu_engine_only_on_a_real_gpu(gpu_compile: object, monkeypatch: object) -> None:
+    import pytest
+
+    import torchburn
+    from torchburn.engines.discovery import availability
+
+    assert isinstance(monkeypatch, pytest.MonkeyPatch)
+    monkeypatch.setenv("TORCHBURN_DEVICE", "auto")
+    software = availability(torchburn.get_engine("wgpu")).emulated
+    # lavapipe (CI) is a CPU pretending to be a GPU: the native engine is faster there
+    assert torchburn.active_engine() == ("native" if software else "wgpu")
+    monkeypatch.setenv("TORCHBURN_DEVICE", "gpu")  # asked for by name, a software GPU still serves
+    assert torchburn.active_engine() == "wgpu"

@@ -29,7 +29,9 @@ class WgpuEngine(Engine):
     def availability(self) -> Availability:
         try:
             requested_backend()
-            return Availability(True, device_name=gpu().name)
+            device = gpu()
+            software = device.adapter.info.get("adapter_type") == "CPU"
+            return Availability(True, device_name=device.name, emulated=software)
         except (DeviceUnavailable, ValueError) as exc:
             return Availability(False, reason=str(exc))
 

@@ -85,6 +85,9 @@ class Availability:
     available: bool
     reason: str | None = None  # why not, when not available
     device_name: str | None = None  # what it would run on (e.g. the GPU adapter), when known
+    # runs on a software stand-in for its device (a CPU Vulkan driver, say): correct, but never picked
+    # for TORCHBURN_DEVICE=auto over a real engine
+    emulated: bool = False
 
 
 @dataclass

@@ -162,8 +162,13 @@ def _best(device: str) -> Engine | None:
         for e, _ in _canonical().values()
         if not e.partial_opset and (device == "auto" or e.device == device) and availability(e).available
     ]
-    # "auto" prefers a GPU engine when one can run, then the highest priority
-    candidates.sort(key=lambda e: (e.device == "gpu" if device == "auto" else False, e.priority), reverse=True)
+
+    # "auto" prefers a GPU engine when one can run on a real GPU, then the highest priority
+    def rank(e: Engine) -> tuple[bool, bool, int]:
+        real = not availability(e).emulated
+        return (real, e.device == "gpu" and real if device == "auto" else False, e.priority)
+
+    candidates.sort(key=rank, reverse=True)
     return candidates[0] if candidates else None
 
 
