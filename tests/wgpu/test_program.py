@@ -93,3 +93,32 @@ def test_zero_sizes_and_special_values(gpu_compile: Callable[..., Any], assert_g
     for got, want in zip(gpu_compile(f)(x, e), f(x, e), strict=True):
         torch.testing.assert_close(got, want, equal_nan=True)
     assert_gpu_ran(5)
+
+
+def test_a_tensor_beyond_the_adapters_binding_limit_is_refused_clearly(
+    gpu_compile: Callable[..., Any], monkeypatch: Any
+) -> None:
+    import pytest
+
+    import torchburn
+    from torchburn_wgpu.device import gpu
+
+    monkeypatch.setattr(gpu(), "max_binding_bytes", 4096)  # as if the adapter allowed 4 KiB per binding
+    small, large = torch.randn(32, 32), torch.randn(64, 64)  # 4 KiB fits, 16 KiB does not
+    torch.testing.assert_close(gpu_compile(lambda x: x * 2)(small), small * 2)
+    with pytest.raises(torchburn.FallbackError, match=r"16384 bytes exceeds the adapter's largest storage binding"):
+        gpu_compile(lambda x: x * 3)(large)
+
+
+def test_a_lost_device_is_reported_not_waited_on(gpu_compile: Callable[..., Any], monkeypatch: Any) -> None:
+    import pytest
+
+    from torchburn_wgpu.device import DeviceLost, gpu
+
+    f = gpu_compile(lambda x: x + 1)
+    x = torch.randn(8)
+    torch.testing.assert_close(f(x), x + 1)
+    # what the device's `lost` callback records when the driver resets or the GPU goes away
+    monkeypatch.setattr(gpu(), "lost", "the driver reset the device")
+    with pytest.raises(DeviceLost, match="was lost: the driver reset the device"):
+        f(x)

@@ -46,9 +46,11 @@ class WgpuEngine(Engine):
             if spec is None:
                 continue
             if spec.dtype not in SUPPORTED_DTYPES:
-                return f"dtype {spec.dtype} not supported (supported: float32, float64, int64, int32, bool)"
+                return f"dtype {spec.dtype} not supported (supported: float32, float64, float16, int64, int32, bool)"
             if spec.dtype == torch.float64 and not gpu().f64:
                 return "float64 needs an adapter with shader-f64, which this one lacks"
+            if spec.dtype == torch.float16 and not gpu().f16:
+                return "float16 needs an adapter with shader-f16, which this one lacks"
             if spec.is_dynamic:
                 continue
             numel = 1

@@ -104,9 +104,17 @@ def register_block(element: str, extra: str) -> dict[str, str]:
 
 
 def matmul_source(element: str, vec: bool) -> str:
-    """``matmul.wgsl`` for ``element`` (f32 or f64); ``vec``: operands read as vec4 (row-major, aligned)."""
-    block = register_block(element, "wg.z, batch, {}, alpha, beta")
-    return shaders.source("matmul", TYPE=element, VEC="true" if vec else "false", **block)
+    """``matmul.wgsl`` for ``element`` (f32, f64 or f16: f16 accumulates in f32); ``vec``: operands read
+    as vec4 (row-major, aligned)."""
+    acc = "f32" if element == "f16" else element
+    block = register_block(acc, "wg.z, batch, {}, alpha, beta")
+    text = shaders.source("matmul", TYPE=element, ACC=acc, VEC="true" if vec else "false", **block)
+    return with_f16(text) if element == "f16" else text
+
+
+def with_f16(text: str) -> str:
+    """WGSL that uses f16 must say so before anything else."""
+    return "enable f16;\n" + text
 
 
 def conv_source() -> str:
@@ -159,7 +167,7 @@ def elementwise_source(out_type: str, input_types: Sequence[str], rank: int, bod
         f"@group(0) @binding({2 + k}) var<storage, read> in{k}: array<{t}>;" for k, t in enumerate(input_types)
     )
     uses_f64 = "f64" in (out_type, *input_types) or "f64" in body
-    return shaders.source(
+    text = shaders.source(
         "elementwise",
         OUT_TYPE=out_type,
         INPUTS=inputs,
@@ -167,6 +175,7 @@ def elementwise_source(out_type: str, input_types: Sequence[str], rank: int, bod
         BODY=body,
         MATH64=shaders.math64() if uses_f64 else "",
     )
+    return with_f16(text) if "f16" in (out_type, *input_types) else text
 
 
 def f64_literal(x: float) -> str:

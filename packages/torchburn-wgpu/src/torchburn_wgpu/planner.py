@@ -69,6 +69,8 @@ class Planner:
     slots: list[Slot] = field(default_factory=list)
     launches: list[Launch] = field(default_factory=list)
     error_slot: int | None = None  # a word kernels set when an index is out of range
+    # the keyword arguments of the node being lowered, tensors as planner values (e.g. attn_mask)
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
     def error_flag(self) -> int:
         """The slot of the region's error flag, made on first use."""
@@ -236,6 +238,8 @@ def _render(expr: Expr, leaves: list[Value], slots: list[int], out: Value) -> st
                 k = leaf_index[e.leaf]
                 binding = slots.index(e.leaf.slot)
                 load = f"in{binding}[{address(k, e.leaf.strides, index)}]"
+                if e.leaf.dtype == torch.float16:
+                    load = f"f32({load})"  # half is computed in f32
                 code = f"({load} != 0u)" if e.kind == "bool" else load
             elif not e.args:  # a constant, or the index itself: inline
                 names[key] = e.template.replace(INDEX, index)
@@ -250,6 +254,8 @@ def _render(expr: Expr, leaves: list[Value], slots: list[int], out: Value) -> st
         result = name(cast(expr, KINDS[out.dtype]))
         if out.dtype == torch.bool:
             result = f"select(0u, 1u, {result})"
+        elif out.dtype == torch.float16:
+            result = f"f16({result})"
         target = address(n_leaves, out.strides, index)
         stores.append(f"    if (t + {copy}u * width < params[0]) {{ out[{target}] = {result}; }}")
     return "\n".join(lines + stores)

@@ -24,7 +24,7 @@ from .device import DeviceLost, Gpu
 from .kernels import Launch, PipelineCache
 from .lowering import LOWERINGS
 from .planner import Lazy, PlanError, Planner
-from .values import SUPPORTED_DTYPES, WORD, Value, contiguous, element_bytes
+from .values import SUPPORTED_DTYPES, WORD, Value, contiguous, element_bytes, padded
 
 _pipeline_caches: dict[int, PipelineCache] = {}
 _RECENT: collections.deque[CompiledRegion] = collections.deque(maxlen=64)
@@ -106,6 +106,7 @@ def plan_region(gm: torch.fx.GraphModule, args: Sequence[Any], max_bindings: int
         if lowering is None:
             raise PlanError(f"no lowering for {node.target}")
         args_now = list(torch.fx.node.map_arg(node.args, lambda n: env[n]))
+        p.kwargs = dict(torch.fx.node.map_arg(node.kwargs, lambda n: env[n]))
         result = lowering(p, node, args_now, metas[node])
         if isinstance(result, Lazy) and users[node] > 1:
             result = p.materialize(result)  # computed once, read by each consumer
@@ -141,7 +142,7 @@ class Plan:
                 v = planner.materialize(Lazy(planner.lazy(v, v.shape), v.dtype, v.shape))
             out_slots.add(v.slot)
             self.outputs.append(OutputSpec(v.slot, v.dtype, v.shape, contiguous(v.shape), staging))
-            staging += max(v.numel, 1) * element_bytes(v.dtype)
+            staging += padded(v.numel * element_bytes(v.dtype))
         self.launches = [launch for launch in planner.launches if not _empty(launch)]
         self.slot_info = planner.slots
         self.error_slot = planner.error_slot
@@ -205,7 +206,7 @@ class Plan:
             return device.create_buffer(size=nbytes, usage=usage)
 
         def size(s: int) -> int:
-            return max(self.slot_info[s].numel, 1) * element_bytes(self.slot_info[s].dtype)
+            return padded(self.slot_info[s].numel * element_bytes(self.slot_info[s].dtype))
 
         for s, slot in enumerate(self.slot_info):
             if slot.input_index is not None or s == self.error_slot:
@@ -261,7 +262,7 @@ class Plan:
                     compute.dispatch_workgroups(*groups)
             compute.end()
         for out in self.outputs:
-            nbytes = max(_numel(out.shape), 1) * element_bytes(out.dtype)
+            nbytes = padded(_numel(out.shape) * element_bytes(out.dtype))
             encoder.copy_buffer_to_buffer(self.buffers[out.slot], 0, self.staging, out.staging_offset, nbytes)
         if self.error_slot is not None:
             flag = self.buffers[self.error_slot]
@@ -383,7 +384,10 @@ def _host_bytes(t: torch.Tensor) -> memoryview:
                 f"[{I32_MIN}, {I32_MAX}]"
             )
         data = data.to(torch.int32)
-    return data.numpy().data.cast("B")
+    raw = data.numpy().data.cast("B")
+    if len(raw) % WORD:  # writes go in whole words (an odd number of float16 values)
+        return memoryview(bytes(raw) + bytes(WORD - len(raw) % WORD))
+    return raw
 
 
 def _output(raw: np.ndarray, out: OutputSpec) -> torch.Tensor:
@@ -395,6 +399,8 @@ def _output(raw: np.ndarray, out: OutputSpec) -> torch.Tensor:
         return torch.from_numpy(words.view(np.int32)).to(out.dtype).reshape(out.shape)
     if out.dtype == torch.float64:
         return torch.from_numpy(words.view(np.float64)).reshape(out.shape)
+    if out.dtype == torch.float16:
+        return torch.from_numpy(words.view(np.float16)).reshape(out.shape)
     return torch.from_numpy(words.view(np.float32)).reshape(out.shape)
 
 

@@ -18,19 +18,33 @@ import torch
 WGSL_TYPES = {
     torch.float32: "f32",
     torch.float64: "f64",
+    torch.float16: "f16",
     torch.bool: "u32",
     torch.int64: "i32",
     torch.int32: "i32",
 }
 # what an expression of each dtype computes in
-KINDS = {torch.float32: "f32", torch.float64: "f64", torch.bool: "bool", torch.int64: "i32", torch.int32: "i32"}
+# (float16 is stored as f16 and computed in f32, as PyTorch computes half on CPU)
+KINDS = {
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.float16: "f32",
+    torch.bool: "bool",
+    torch.int64: "i32",
+    torch.int32: "i32",
+}
 SUPPORTED_DTYPES = frozenset(WGSL_TYPES)
 INTEGER_DTYPES = frozenset({torch.int64, torch.int32})
 WORD = 4  # bytes of every stored type but f64
 
 
 def element_bytes(dtype: torch.dtype) -> int:
-    return 8 if dtype == torch.float64 else WORD
+    return {torch.float64: 8, torch.float16: 2}.get(dtype, WORD)
+
+
+def padded(nbytes: int) -> int:
+    """Buffer sizes and copies go in whole 4-byte words."""
+    return max(-(-nbytes // WORD) * WORD, WORD)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,11 @@ FxNode = Any
 LoweringFn = TypeVar("LoweringFn", bound=Callable[..., Any])
 
 F32 = frozenset({torch.float32})
-FLOATS = frozenset({torch.float32, torch.float64})  # float64 only on adapters with shader-f64
+# float16 is stored as f16 and computed in f32 (adapters with shader-f16): the generated elementwise
+# kernels and the matmul handle it; float64 (shader-f64) runs in matmul and plain arithmetic
+HALF = frozenset({torch.float16})
+F32_HALF = F32 | HALF
+FLOATS = frozenset({torch.float32, torch.float64, torch.float16})
 BOOL = frozenset({torch.bool})
 INTS = INTEGER_DTYPES
 NUMERIC = F32 | INTS
@@ -64,11 +68,23 @@ def keep_whole() -> frozenset[Any]:
             aten.hardsigmoid.default,
             aten.native_layer_norm.default,
             aten._native_batch_norm_legit_no_training.default,
+            aten._scaled_dot_product_flash_attention_for_cpu.default,
         }
     )
 
 
 # the family modules register their ops on import
-from . import elementwise, indexing, linalg, pooling, reduction, views  # noqa: E402
+from . import attention, elementwise, indexing, linalg, pooling, reduction, views  # noqa: E402
 
-__all__ = ["LOWERINGS", "OPS", "elementwise", "indexing", "keep_whole", "linalg", "pooling", "reduction", "views"]
+__all__ = [
+    "LOWERINGS",
+    "OPS",
+    "attention",
+    "elementwise",
+    "indexing",
+    "keep_whole",
+    "linalg",
+    "pooling",
+    "reduction",
+    "views",
+]

@@ -9,7 +9,7 @@ import torch
 
 from ..planner import INDEX, Expr, Lazy, Planner, cast, constant
 from ..values import KINDS, Value
-from . import ALL, ANY, BOOL, F32, FLOATS, INTS, NUMERIC, FxNode, lower, shape_of
+from . import ALL, ANY, BOOL, F32, F32_HALF, FLOATS, INTS, NUMERIC, FxNode, lower, shape_of
 
 aten = torch.ops.aten
 
@@ -63,7 +63,7 @@ UNARY_FLOAT = {
 }
 
 
-@lower(UNARY_FLOAT, family="elementwise")
+@lower(UNARY_FLOAT, family="elementwise", dtypes=F32_HALF)
 def _unary_float(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     return expression(p, UNARY_FLOAT[node.target], [args[0]], out)
 
@@ -87,7 +87,7 @@ def _gelu_check(spec: Any) -> bool | str:
     return True if approximate in ("none", "tanh") else f"gelu approximate={approximate!r}"
 
 
-@lower(aten.gelu.default, family="elementwise", check=_gelu_check)
+@lower(aten.gelu.default, family="elementwise", dtypes=F32_HALF, check=_gelu_check)
 def _gelu(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     fn = "tb_gelu_tanh" if node.kwargs.get("approximate", "none") == "tanh" else "tb_gelu_erf"
     return expression(p, fn + "({0})", [args[0]], out)
@@ -106,6 +106,7 @@ ARITH = {
 }
 FLOAT_MAXMIN = {
     torch.float32: {aten.maximum.default: "tb_max({0}, {1})", aten.minimum.default: "tb_min({0}, {1})"},
+    torch.float16: {aten.maximum.default: "tb_max({0}, {1})", aten.minimum.default: "tb_min({0}, {1})"},
     torch.float64: {aten.maximum.default: "tb_max64({0}, {1})", aten.minimum.default: "tb_min64({0}, {1})"},
 }
 
@@ -133,9 +134,9 @@ def _true_division(spec: Any) -> bool | str:
     return True if spec.kwargs.get("rounding_mode") is None else "div with rounding_mode"
 
 
-@lower(FLOAT_BINARY, family="elementwise", dtypes=NUMERIC, check=_true_division)
+@lower(FLOAT_BINARY, family="elementwise", dtypes=NUMERIC | F32_HALF, check=_true_division)
 def _float_binary(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
-    if out.dtype != torch.float32:
+    if KINDS[out.dtype] != "f32":
         from ..planner import PlanError
 
         raise PlanError(f"{node.target} with a {out.dtype} result")
@@ -150,7 +151,7 @@ def _rounded_division(spec: Any) -> bool | str:
 @lower(aten.div.Tensor_mode, family="elementwise", dtypes=NUMERIC, check=_rounded_division)
 def _div_rounded(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     floor = node.kwargs["rounding_mode"] == "floor"
-    if out.dtype == torch.float32:
+    if KINDS[out.dtype] == "f32":
         return expression(p, ("floor" if floor else "trunc") + "({0} / {1})", args[:2], out)
     # integers: WGSL's `/` truncates; floor division steps down when the signs differ and it is inexact
     # (PyTorch raises on division by zero; here it yields 0 rather than a hang or a crash)
@@ -165,7 +166,7 @@ def _div_rounded(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
 @lower([aten.remainder.Scalar, aten.remainder.Tensor], family="elementwise", dtypes=NUMERIC)
 def _remainder(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     """Python's modulo: the result takes the divisor's sign."""
-    if out.dtype == torch.float32:
+    if KINDS[out.dtype] == "f32":
         return expression(p, "({0} - floor({0} / {1}) * {1})", args[:2], out)
     wrong_sign = "({0} % {1} != 0i) && (({0} % {1} < 0i) != ({1} < 0i))"
     template = f"select(select({{0}} % {{1}}, {{0}} % {{1}} + {{1}}, {wrong_sign}), 0i, {{1}} == 0i)"
@@ -237,6 +238,7 @@ def _where(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
 @lower(
     [aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.hardtanh.default],
     family="elementwise",
+    dtypes=F32_HALF,
 )
 def _clamp(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     if node.target == aten.clamp_min.default:
@@ -306,7 +308,7 @@ def _full(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
 def _arange(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     start = args[0]
     step = args[2] if len(args) > 2 else node.kwargs.get("step", 1)
-    compute = "f32" if out.dtype == torch.float32 else "i32"
+    compute = "i32" if KINDS[out.dtype] == "i32" else "f32"
     index = Expr(compute, f"{compute}({INDEX})")  # a 1-d output: the linear index is the position
     shape = shape_of(out)
     first, delta = (cast(p.lazy(v, shape), compute) for v in (start, step))

@@ -24,7 +24,7 @@ SAMPLES: dict[str, dict[str, str]] = {
         "MATH64": "",
         "BODY": "    let v0 = in0[offset_of(0u, t)];\n    out[t] = tb_gelu_erf(v0) + tb_pow(v0, 3.0);",
     },
-    "matmul": {"TYPE": "f32", "VEC": "true", "ACC_DECLARE": "", "ACC_UPDATE": "", "ACC_STORE": ""},
+    "matmul": {"TYPE": "f32", "ACC": "f32", "VEC": "true", "ACC_DECLARE": "", "ACC_UPDATE": "", "ACC_STORE": ""},
     "reduce": {
         "OUT_RANK": "1",
         "RED_RANK": "2",
@@ -37,6 +37,7 @@ SAMPLES: dict[str, dict[str, str]] = {
         "ARG": "false",
         "BETTER": "b > a",
     },
+    "attention": {"MASK_TYPE": "f32", "MASK_BOOL": "false"},
     "conv": {"ACC_DECLARE": "", "ACC_UPDATE": "", "ACC_STORE": ""},
     "pool": {"MAX": "true"},
     "gather": {"TYPE": "f32", "RANK": "2", "SCATTER": "false"},

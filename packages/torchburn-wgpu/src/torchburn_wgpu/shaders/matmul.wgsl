@@ -1,5 +1,5 @@
-// Batched matrix multiply C[b] = alpha * A[b] @ B[b] (+ beta * bias), in f32 (or f64 where the adapter
-// has it), every operand by its own strides (a transposed weight or a permuted activation needs no copy).
+// Batched matrix multiply C[b] = alpha * A[b] @ B[b] (+ beta * bias), stored as TYPE and computed in ACC
+// (f32; f64 where the adapter has it; f16 stored, f32 accumulated, where it has shader-f16), every operand by its own strides (a transposed weight or a permuted activation needs no copy).
 //
 // Tiled for register reuse: a workgroup of 16×16 threads computes a 128×128 tile of C, each thread an
 // 8×8 block held in 64 named registers (the kernel builder writes the unrolled products and stores:
@@ -31,10 +31,10 @@ const TK: u32 = 16u;
 
 // [k][m / 4]: 16 rows of 32 vec4, each padded by one: the staging writes of one warp run down a
 // column (16 values of k), which unpadded would all fall in the same memory bank
-var<workgroup> a_tile: array<vec4<{{TYPE}}>, 528>;
-var<workgroup> b_tile: array<vec4<{{TYPE}}>, 512>;  // [k][n / 4]
+var<workgroup> a_tile: array<vec4<{{ACC}}>, 528>;
+var<workgroup> b_tile: array<vec4<{{ACC}}>, 512>;  // [k][n / 4]
 
-fn put(r: u32, col: u32, plane: u32, batch: u32, v: {{TYPE}}, alpha: {{TYPE}}, beta: {{TYPE}}) {
+fn put(r: u32, col: u32, plane: u32, batch: u32, v: {{ACC}}, alpha: {{ACC}}, beta: {{ACC}}) {
     let M = params[0];
     let N = params[1];
     if (r >= M || col >= N) {
@@ -42,9 +42,9 @@ fn put(r: u32, col: u32, plane: u32, batch: u32, v: {{TYPE}}, alpha: {{TYPE}}, b
     }
     var out = alpha * v;
     if (params[15] != 0u) {
-        out += beta * bias[params[11] + batch * params[12] + r * params[13] + col * params[14]];
+        out += beta * {{ACC}}(bias[params[11] + batch * params[12] + r * params[13] + col * params[14]]);
     }
-    c[plane * M * N + r * N + col] = out;
+    c[plane * M * N + r * N + col] = {{TYPE}}(out);
 }
 
 @compute @workgroup_size(16, 16)
@@ -72,9 +72,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
                 let v = t + e * 256u;
                 let am = v / 4u;
                 let ak = (v % 4u) * 4u;
-                var av = vec4<{{TYPE}}>();
+                var av = vec4<{{ACC}}>();
                 if (row0 + am < M && k0 + ak < K) {
-                    av = a4[(a_base + (row0 + am) * a_rs + k0 + ak) / 4u];
+                    av = vec4<{{ACC}}>(a4[(a_base + (row0 + am) * a_rs + k0 + ak) / 4u]);
                 }
                 a_tile[(ak + 0u) * 33u + am / 4u][am % 4u] = av.x;
                 a_tile[(ak + 1u) * 33u + am / 4u][am % 4u] = av.y;
@@ -82,9 +82,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
                 a_tile[(ak + 3u) * 33u + am / 4u][am % 4u] = av.w;
                 let bk = v / 32u;
                 let bn = (v % 32u) * 4u;
-                var bv = vec4<{{TYPE}}>();
+                var bv = vec4<{{ACC}}>();
                 if (k0 + bk < K && col0 + bn < N) {
-                    bv = b4[(b_base + (k0 + bk) * b_rs + col0 + bn) / 4u];
+                    bv = vec4<{{ACC}}>(b4[(b_base + (k0 + bk) * b_rs + col0 + bn) / 4u]);
                 }
                 b_tile[bk * 32u + bn / 4u] = bv;
             }
@@ -96,16 +96,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             let idx = t + e * 256u;
             let am = idx / TK;
             let ak = idx % TK;
-            var av = {{TYPE}}(0);
+            var av = {{ACC}}(0);
             if (row0 + am < M && k0 + ak < K) {
-                av = a[a_base + (row0 + am) * a_rs + (k0 + ak) * a_cs];
+                av = {{ACC}}(a[a_base + (row0 + am) * a_rs + (k0 + ak) * a_cs]);
             }
             a_tile[ak * 33u + am / 4u][am % 4u] = av;
             let bk = idx / TN;
             let bn = idx % TN;
-            var bv = {{TYPE}}(0);
+            var bv = {{ACC}}(0);
             if (k0 + bk < K && col0 + bn < N) {
-                bv = b[b_base + (k0 + bk) * b_rs + (col0 + bn) * b_cs];
+                bv = {{ACC}}(b[b_base + (k0 + bk) * b_rs + (col0 + bn) * b_cs]);
             }
             b_tile[bk * 32u + bn / 4u][bn % 4u] = bv;
         }
@@ -121,7 +121,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         }
         workgroupBarrier();
     }
-    let alpha = {{TYPE}}(bitcast<f32>(params[16]));
-    let beta = {{TYPE}}(bitcast<f32>(params[17]));
+    let alpha = {{ACC}}(bitcast<f32>(params[16]));
+    let beta = {{ACC}}(bitcast<f32>(params[17]));
 {{ACC_STORE}}
 }
