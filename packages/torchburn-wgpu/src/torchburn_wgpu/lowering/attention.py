@@ -1,21 +1,30 @@
-"""Scaled-dot-product attention kept whole: one fused kernel (``attention.wgsl``) per call."""
+"""Scaled-dot-product attention kept whole, planned one of two ways by its size:
+- up to ``SCORES_IN_MEMORY`` scores, two tiled products around one softmax kernel (the scale, mask and
+  causality fused into the softmax's input): on an H200 this ran an encoder layer's attention in half
+  the time of the fused kernel, whose one-row-per-workgroup products cannot tile;
+- beyond, the fused kernel (``attention.wgsl``), which never writes the L × S scores to memory.
+Either way a row that sees no key (all masked) comes out as zeros, as in PyTorch's flash path."""
 
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any
 
 import torch
 
 from ..kernels import Launch, f32_bits, grid, params
-from ..planner import PlanError, Planner
+from ..planner import INDEX, Expr, Lazy, PlanError, Planner
 from ..shaders import source
 from ..values import Value, broadcast_strides
 from . import FxNode, lower
+from .linalg import matmul
+from .reduction import softmax
 
 aten = torch.ops.aten
 
 MAX_HEAD = 256  # q/k head size the kernel stages; v's may be up to twice its 128 threads
+SCORES_IN_MEMORY = 1 << 24  # at most this many scores (64 MB) are written out by the unfused plan
 
 
 def _sdpa_check(spec: Any) -> bool | str:
@@ -46,6 +55,10 @@ def _sdpa(p: Planner, node: FxNode, args: list[Any], out: Any) -> tuple[Value, V
     s, ev = k.shape[2], v.shape[3]
     if e > MAX_HEAD or ev > MAX_HEAD:
         raise PlanError(f"attention heads wider than {MAX_HEAD}")
+    if b * h * length * s <= SCORES_IN_MEMORY and not _lse_used(node):
+        return _unfused(p, q, k, v, causal, p.kwargs.get("attn_mask"), scale), p.new_value(
+            torch.float32, (b, h, length)
+        )
     result = p.new_value(torch.float32, (b, h, length, ev))
     lse = p.new_value(torch.float32, (b, h, length))
     if result.numel == 0:
@@ -67,3 +80,48 @@ def _sdpa(p: Planner, node: FxNode, args: list[Any], out: Any) -> tuple[Value, V
     slots = [result.slot, lse.slot, q.slot, k.slot, v.slot, mask_slot]
     p.launches.append(Launch("attention", code, slots, params(words), grid(b * h * length), writes=2))
     return result, lse
+
+
+def _lse_used(node: FxNode) -> bool:
+    """Whether anything reads the op's second output (the log-sum-exp), which only the fused kernel
+    computes (inference graphs drop it)."""
+    return any(user.args[1] != 0 for user in node.users if user.target is operator.getitem)
+
+
+def _batched(p: Planner, x: Value) -> Value:
+    """[B, H, T, D] as [B·H, T, D] (a copy where the strides cannot merge B and H)."""
+    b, h, t, d = x.shape
+    try:
+        return x.with_layout(x.meta().view(b * h, t, d))
+    except RuntimeError:
+        x = p.dense(x)
+        return x.with_layout(x.meta().view(b * h, t, d))
+
+
+def _unfused(p: Planner, q: Value, k: Value, v: Value, causal: bool, mask: Any, scale: float | None) -> Value:
+    b, h, length, e = q.shape
+    s = k.shape[2]
+    kt = _batched(p, k)
+    kt = kt.with_layout(kt.meta().transpose(1, 2))  # [B·H, E, S], read through strides
+    scores = p.materialize(matmul(p, _batched(p, q), kt, None, scale if scale is not None else 1 / math.sqrt(e), 0.0))
+    shape = (b, h, length, s)
+    scores = scores.with_layout(scores.meta().view(shape))
+    expr = p.lazy(scores, shape)
+    neg_inf = "-bitcast<f32>(0x7f800000u)"
+    if mask is not None:
+        m = p.lazy(p.materialize(mask), shape)
+        if m.kind == "bool":
+            expr = Expr("f32", f"select({neg_inf}, {{0}}, {{1}})", (expr, m))
+        else:
+            expr = Expr("f32", "({0} + {1})", (expr, m))
+    if causal:  # query i sees keys j <= i; the scores are contiguous, so j and i come from the index
+        key, query = f"({INDEX} % {s}u)", f"(({INDEX} / {s}u) % {length}u)"
+        expr = Expr("f32", f"select({{0}}, {neg_inf}, {key} > {query})", (expr,))
+    masked = p.materialize(Lazy(expr, torch.float32, shape))
+    probs = softmax(p, masked, 3, log=False)
+    # a row with no key to see is NaN after softmax; PyTorch's flash path returns zeros there
+    cleaned = p.materialize(
+        Lazy(Expr("f32", "select({0}, 0.0, tb_isnan({0}))", (p.lazy(probs, shape),)), torch.float32, shape)
+    )
+    out = p.materialize(matmul(p, _batched(p, cleaned), _batched(p, v), None, 1.0, 0.0))
+    return out.with_layout(out.meta().view(b, h, length, v.shape[3]))

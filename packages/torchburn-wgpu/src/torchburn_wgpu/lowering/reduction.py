@@ -112,19 +112,23 @@ def _var(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
 
 @lower([aten._softmax.default, aten._log_softmax.default], family="softmax")
 def _softmax(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
-    x = p.materialize(args[0])
+    return softmax(p, p.materialize(args[0]), args[1], log=node.target == aten._log_softmax.default)
+
+
+def softmax(p: Planner, x: Value, dim: int, log: bool) -> Value:
+    """Softmax (or log-softmax) of ``x`` along ``dim``, as a new contiguous value."""
     result = p.new_value(torch.float32, x.shape)
     if result.numel == 0:
         return result
     if x.rank == 0:
         x = Value(x.slot, x.dtype, (1,), (1,), x.offset, x.buffer_numel)
-    dim = args[1] % x.rank
+    dim = dim % x.rank
     outer = [d for d in range(x.rank) if d != dim]
     out_strides = contiguous(x.shape)
     rows = result.numel // x.shape[dim]
     words = [rows, x.shape[dim], x.offset, x.strides[dim], out_strides[dim]]
     words += [x.shape[d] for d in outer] + [x.strides[d] for d in outer] + [out_strides[d] for d in outer]
-    code = softmax_source(len(outer), node.target == aten._log_softmax.default, x.shape[dim])
+    code = softmax_source(len(outer), log, x.shape[dim])
     p.launches.append(Launch("softmax", code, [result.slot, x.slot], params(words), grid(rows)))
     return result
 
