@@ -6,7 +6,9 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torchburn
 
@@ -23,6 +25,26 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 30
     )
     assert proc.returncode == 0, f"subprocess failed:\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}"
     return proc
+
+
+def strict_compile(engine: str) -> Callable[..., Any]:
+    """``compile(fn, **kwargs)``: torch.compile on ``engine`` with fallback="error"."""
+    import torch
+
+    def compile_(fn: Callable[..., Any], **kwargs: Any) -> Callable[..., Any]:
+        options = {"engine": engine, "fallback": "error"}
+        return torch.compile(fn, backend="torchburn", options=options, **kwargs)
+
+    return compile_
+
+
+def assert_engine_ran(engine: str, min_nodes: int = 1) -> None:
+    """``engine`` ran at least ``min_nodes`` graph nodes and none fell back (with the coverage table
+    in the message when not)."""
+    ran, fell = engine_counts(engine)
+    report = torchburn.format_coverage()
+    assert fell == 0, f"{fell} node(s) fell back to eager:\n{report}"
+    assert ran >= min_nodes, f"engine {engine!r} ran {ran} node(s), expected >= {min_nodes}:\n{report}"
 
 
 def engine_counts(engine: str) -> tuple[int, int]:

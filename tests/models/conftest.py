@@ -6,14 +6,15 @@ features of the project: CI installs a software Vulkan driver for the GPU engine
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-import torch
 
 import torchburn
-from helpers import engine_counts
+from helpers import assert_engine_ran as assert_ran
+from helpers import strict_compile
 
 ENGINES = ["native", "wgpu"]
 
@@ -33,22 +34,10 @@ def engine_name(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def compile_engine(engine_name: str) -> Callable[..., Any]:
     """``compile_engine(fn)``: torch.compile on the engine under test, fallback="error"."""
-
-    def compile_(fn: Callable[..., Any], **kwargs: Any) -> Callable[..., Any]:
-        options = {"engine": engine_name, "fallback": "error"}
-        return torch.compile(fn, backend="torchburn", options=options, **kwargs)
-
-    return compile_
+    return strict_compile(engine_name)
 
 
 @pytest.fixture
 def assert_engine_ran(engine_name: str) -> Callable[..., None]:
     """``assert_engine_ran(min_nodes=1)``: the engine ran at least that many nodes, none fell back."""
-
-    def check(min_nodes: int = 1) -> None:
-        ran, fell = engine_counts(engine_name)
-        report = torchburn.format_coverage()
-        assert fell == 0, f"{fell} node(s) fell back to eager:\n{report}"
-        assert ran >= min_nodes, f"engine {engine_name!r} ran {ran} node(s), expected >= {min_nodes}:\n{report}"
-
-    return check
+    return functools.partial(assert_ran, engine_name)

@@ -8,15 +8,16 @@ themselves before the engine exists); the tests of the native-only debugging API
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-import torch
 
 import torchburn
-from helpers import engine_counts
+from helpers import assert_engine_ran as assert_ran
+from helpers import strict_compile
 
 ALLOW_REFERENCE = "TORCHBURN_TEST_ALLOW_REFERENCE"
 
@@ -59,23 +60,11 @@ def engine_name() -> str:
 @pytest.fixture
 def compile_engine(engine_name: str) -> Callable[..., Any]:
     """``compile_engine(fn, **compile_kwargs)``: torch.compile on the engine under test, fallback="error"."""
-
-    def compile_(fn: Callable[..., Any], **kwargs: Any) -> Callable[..., Any]:
-        options = {"engine": engine_name, "fallback": "error"}
-        return torch.compile(fn, backend="torchburn", options=options, **kwargs)
-
-    return compile_
+    return strict_compile(engine_name)
 
 
 @pytest.fixture
 def assert_engine_ran(engine_name: str) -> Callable[..., None]:
     """``assert_engine_ran(min_nodes=1)``: the engine ran at least that many graph nodes, none fell back."""
-
-    def check(min_nodes: int = 1) -> None:
-        canonical = torchburn.get_engine(engine_name).name  # "native_cpu" counts as "native"
-        ran, fell = engine_counts(canonical)
-        report = torchburn.format_coverage()
-        assert fell == 0, f"{fell} node(s) fell back to eager:\n{report}"
-        assert ran >= min_nodes, f"engine {canonical!r} ran {ran} node(s), expected >= {min_nodes}:\n{report}"
-
-    return check
+    canonical = torchburn.get_engine(engine_name).name  # "native_cpu" counts as "native"
+    return functools.partial(assert_ran, canonical)

@@ -15,7 +15,7 @@ from . import __version__
 from .device import DeviceUnavailable, gpu, requested_backend
 from .lowering import OPS, keep_whole
 from .program import CompiledRegion
-from .values import SUPPORTED_DTYPES, element_bytes
+from .values import SUPPORTED_DTYPES, element_bytes, numel
 
 
 class WgpuEngine(Engine):
@@ -53,12 +53,9 @@ class WgpuEngine(Engine):
                 return "float16 needs an adapter with shader-f16, which this one lacks"
             if spec.is_dynamic:
                 continue
-            numel = 1
-            for s in spec.shape:
-                numel *= int(s)
             limit = gpu().max_binding_bytes
-            if numel * element_bytes(spec.dtype) > limit:
-                nbytes = numel * element_bytes(spec.dtype)
+            nbytes = numel([int(s) for s in spec.shape]) * element_bytes(spec.dtype)
+            if nbytes > limit:
                 return f"a tensor of {nbytes} bytes exceeds the adapter's largest storage binding ({limit} bytes)"
         return self.ops.supports(node)
 

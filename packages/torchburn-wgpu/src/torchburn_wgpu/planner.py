@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .kernels import Launch, elementwise_source, f32_literal, f64_literal, grid, params
-from .values import KINDS, WGSL_TYPES, Value, broadcast_strides, contiguous
+from .values import KINDS, WGSL_TYPES, Value, broadcast_strides, contiguous, numel
 
 
 class PlanError(Exception):
@@ -47,10 +47,7 @@ class Lazy:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return numel(self.shape)
 
 
 Tensorish = Value | Lazy
@@ -84,9 +81,7 @@ class Planner:
 
     def new_value(self, dtype: torch.dtype, shape: Sequence[int]) -> Value:
         shape = tuple(int(s) for s in shape)
-        n = 1
-        for s in shape:
-            n *= s
+        n = numel(shape)
         return Value(self.new_slot(dtype, n), dtype, shape, contiguous(shape), 0, n)
 
     # ---- elementwise ----------------------------------------------------------------------------

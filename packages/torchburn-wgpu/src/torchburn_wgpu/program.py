@@ -24,7 +24,7 @@ from .device import DeviceLost, Gpu
 from .kernels import Launch, PipelineCache
 from .lowering import LOWERINGS
 from .planner import Lazy, PlanError, Planner
-from .values import SUPPORTED_DTYPES, WORD, Value, contiguous, element_bytes, padded
+from .values import SUPPORTED_DTYPES, WORD, Value, contiguous, element_bytes, numel, padded
 
 _pipeline_caches: dict[int, PipelineCache] = {}
 _RECENT: collections.deque[CompiledRegion] = collections.deque(maxlen=64)
@@ -262,7 +262,7 @@ class Plan:
                     compute.dispatch_workgroups(*groups)
             compute.end()
         for out in self.outputs:
-            nbytes = padded(_numel(out.shape) * element_bytes(out.dtype))
+            nbytes = padded(numel(out.shape) * element_bytes(out.dtype))
             encoder.copy_buffer_to_buffer(self.buffers[out.slot], 0, self.staging, out.staging_offset, nbytes)
         if self.error_slot is not None:
             flag = self.buffers[self.error_slot]
@@ -355,13 +355,6 @@ def _empty(launch: Launch) -> bool:
     return launch.groups[0] * launch.groups[1] * launch.groups[2] == 0
 
 
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
 def _version(t: torch.Tensor) -> int:
     try:
         return int(t._version)
@@ -391,7 +384,7 @@ def _host_bytes(t: torch.Tensor) -> memoryview:
 
 
 def _output(raw: np.ndarray, out: OutputSpec) -> torch.Tensor:
-    n = _numel(out.shape)
+    n = numel(out.shape)
     words = raw[out.staging_offset : out.staging_offset + n * element_bytes(out.dtype)]
     if out.dtype == torch.bool:
         return torch.from_numpy(words.view(np.uint32).astype(np.bool_)).reshape(out.shape)

@@ -60,10 +60,7 @@ class Value:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return numel(self.shape)
 
     @property
     def rank(self) -> int:
@@ -85,6 +82,13 @@ class Value:
     def with_layout(self, t: torch.Tensor) -> Value:
         """This value's buffer seen through the layout of meta tensor ``t`` (a view of ``meta()``)."""
         return Value(self.slot, t.dtype, tuple(t.shape), tuple(t.stride()), int(t.storage_offset()), self.buffer_numel)
+
+
+def numel(shape: tuple[int, ...] | list[int]) -> int:
+    n = 1
+    for size in shape:
+        n *= size
+    return n
 
 
 def contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -9,7 +9,7 @@ import torch
 from ..kernels import Launch, f32_bits, grid, params, reduce_source, softmax_source
 from ..planner import Expr, Lazy, PlanError, Planner
 from ..shaders import source
-from ..values import WGSL_TYPES, Value, contiguous
+from ..values import WGSL_TYPES, Value, contiguous, numel
 from . import ANY, FxNode, lower, shape_of
 
 aten = torch.ops.aten
@@ -68,9 +68,7 @@ def reduce(p: Planner, kind: str, x: Value, dims: set[int], out_shape: tuple[int
     result = p.new_value(dtype, out_shape)
     if result.numel == 0:
         return result
-    n_red = 1
-    for d in red:
-        n_red *= x.shape[d]
+    n_red = numel([x.shape[d] for d in red])
     if n_red == 0 and kind in ("amax", "amin", "argmax", "argmin"):
         raise PlanError(f"{kind} over zero elements")
     words = [result.numel, n_red, x.offset]
@@ -92,9 +90,7 @@ def _var(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     x = p.materialize(args[0])
     dims = _dims(node, args, x.rank)
     keep_shape = tuple(1 if d in dims else s for d, s in enumerate(x.shape))
-    n = 1
-    for d in dims:
-        n *= x.shape[d]
+    n = numel([x.shape[d] for d in dims])
     correction = node.kwargs.get("correction", 1)
     correction = 1 if correction is None else float(correction)
     mean = reduce(p, "mean", x, dims, keep_shape, torch.float32)
