@@ -231,7 +231,6 @@ class Plan:
         return buffers
 
     def run(self, args: Sequence[Any]) -> tuple[torch.Tensor, ...]:
-        import wgpu
 
         gpu = self.gpu
         gpu.check_alive()
@@ -269,7 +268,9 @@ class Plan:
             encoder.copy_buffer_to_buffer(flag, 0, self.staging, self.error_offset, WORD)
         try:
             queue.submit([encoder.finish()])
-            self.staging.map_sync(wgpu.MapMode.READ)
+            # wgpu-py submits an empty command buffer before every read mapping, for buffers that no
+            # submission has touched (wgpu-native issue 305); this one was just written by ours
+            self.staging.map_sync(STAGING_READ)
             try:
                 # one copy, out of the mapped memory into memory we own, before it is unmapped
                 raw = np.array(self.staging.read_mapped(copy=False), dtype=np.uint8, copy=True)
@@ -283,6 +284,26 @@ class Plan:
             raise IndexError("index out of range in a gather, scatter or embedding run on the GPU")
         self.validated = True
         return tuple(_output(raw, out) for out in self.outputs)
+
+
+def _staging_read_mode() -> Any:
+    """The read mapping without wgpu-py's extra empty submission: its own ``READ_NOSYNC`` mode where
+    this wgpu-py has it (checked in its source), else the plain one."""
+    import inspect
+
+    import wgpu
+
+    try:
+        from wgpu.backends.wgpu_native import _api
+
+        if "READ_NOSYNC" in inspect.getsource(_api.GPUBuffer.map_async):
+            return "READ_NOSYNC"
+    except (ImportError, OSError, TypeError):
+        pass
+    return wgpu.MapMode.READ
+
+
+STAGING_READ = _staging_read_mode()
 
 
 def gpu_seconds(plan: Plan, repeats: int) -> float:
