@@ -24,7 +24,7 @@ from torch import nn
 from torchburn.bench import ROWS, Row, _function, _gelu, _mm, _softmax
 
 from .device import gpu
-from .program import gpu_seconds, plans_run
+from .program import gpu_seconds, recording_plans
 
 GPU_ROWS = [r for r in ROWS if r.kind == "throughput"] + [
     Row("mm4096", "matmul 4096x4096 @ 4096x4096", _function(_mm, (4096, 4096), (4096, 4096)), tol=5e-2),
@@ -105,9 +105,8 @@ def run_row(row: Row, min_time: float) -> dict[str, Any]:
             result["max_error"] = error
             result["ok"] = error <= row.tol * max(scale, 1.0)
             result["wgpu_s"] = _wall(lambda: compiled(*inputs), min_time)
-            plans_run(clear=True)
-            compiled(*inputs)
-            plans = plans_run(clear=True)
+            with recording_plans() as plans:
+                compiled(*inputs)
         finally:
             torch.backends.mha.set_fastpath_enabled(fast_path)
         if not plans:

@@ -42,18 +42,19 @@ class WgpuEngine(Engine):
         return dict(FAST_PATHS)
 
     def supports(self, node: NodeSpec) -> bool | str:
+        device = gpu()
         for spec in (*node.inputs, *node.outputs):
             if spec is None:
                 continue
             if spec.dtype not in SUPPORTED_DTYPES:
                 return f"dtype {spec.dtype} not supported (supported: float32, float64, float16, int64, int32, bool)"
-            if spec.dtype == torch.float64 and not gpu().f64:
+            if spec.dtype == torch.float64 and not device.f64:
                 return "float64 needs an adapter with shader-f64, which this one lacks"
-            if spec.dtype == torch.float16 and not gpu().f16:
+            if spec.dtype == torch.float16 and not device.f16:
                 return "float16 needs an adapter with shader-f16, which this one lacks"
             if spec.is_dynamic:
                 continue
-            limit = gpu().max_binding_bytes
+            limit = device.max_binding_bytes
             nbytes = numel([int(s) for s in spec.shape]) * element_bytes(spec.dtype)
             if nbytes > limit:
                 return f"a tensor of {nbytes} bytes exceeds the adapter's largest storage binding ({limit} bytes)"

@@ -89,10 +89,21 @@ def register_block(element: str, extra: str) -> dict[str, str]:
     thread: 4·ly .. 4·ly+3 and 64 more; columns likewise with lx."""
     halves = ("lo", "hi")
     declare = "\n".join(f"    var c_{i}_{j} = {element}(0);" for i in range(8) for j in range(8))
+    # one step along k: this thread's 8 values of A and of B (two vec4 each, from the staged tiles),
+    # then the 64 multiply-adds
+    reads = [
+        "            let a_lo = a_tile[kk * 33u + lid.y];",
+        "            let a_hi = a_tile[kk * 33u + 16u + lid.y];",
+        "            let b_lo = b_tile[kk * 32u + lid.x];",
+        "            let b_hi = b_tile[kk * 32u + 16u + lid.x];",
+    ]
     update = "\n".join(
-        f"            c_{i}_{j} = fma(a_{halves[i // 4]}[{i % 4}], b_{halves[j // 4]}[{j % 4}], c_{i}_{j});"
-        for i in range(8)
-        for j in range(8)
+        reads
+        + [
+            f"            c_{i}_{j} = fma(a_{halves[i // 4]}[{i % 4}], b_{halves[j // 4]}[{j % 4}], c_{i}_{j});"
+            for i in range(8)
+            for j in range(8)
+        ]
     )
     store = "\n".join(
         f"    put(row0 + {64 * (i // 4) + i % 4}u + lid.y * 4u, col0 + {64 * (j // 4) + j % 4}u + lid.x * 4u, "

@@ -8,7 +8,7 @@ GELU is one sweep over memory, not four.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -254,6 +254,3 @@ def _render(expr: Expr, leaves: list[Value], slots: list[int], out: Value) -> st
         target = address(n_leaves, out.strides, index)
         stores.append(f"    if (t + {copy}u * width < params[0]) {{ out[{target}] = {result}; }}")
     return "\n".join(lines + stores)
-
-
-Lowering = Callable[[Planner, torch.fx.Node, list[Any], Any], Any]

@@ -10,9 +10,11 @@ whose lifetimes do not overlap.
 from __future__ import annotations
 
 import collections
+import contextlib
+import functools
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,15 +30,20 @@ from .values import SUPPORTED_DTYPES, WORD, Value, contiguous, element_bytes, nu
 
 _pipeline_caches: dict[int, PipelineCache] = {}
 _RECENT: collections.deque[CompiledRegion] = collections.deque(maxlen=64)
-# the plans run since the last ``plans_run(clear=True)``, for benchmarks that time the kernels
-_RAN: list[Plan] = []
+# while a ``recording_plans()`` block runs: the plans run in it (benchmarks time their kernels)
+_RECORDING: list[Plan] | None = None
 
 
-def plans_run(clear: bool = False) -> list[Plan]:
-    ran = list(dict.fromkeys(_RAN))
-    if clear:
-        _RAN.clear()
-    return ran
+@contextlib.contextmanager
+def recording_plans() -> Iterator[list[Plan]]:
+    """Collects, into the list it yields, each plan run inside the block (once each)."""
+    global _RECORDING
+    ran: list[Plan] = []
+    _RECORDING = ran
+    try:
+        yield ran
+    finally:
+        _RECORDING = None
 
 
 def recent_regions() -> list[CompiledRegion]:
@@ -234,8 +241,8 @@ class Plan:
 
         gpu = self.gpu
         gpu.check_alive()
-        if len(_RAN) < 1024:
-            _RAN.append(self)
+        if _RECORDING is not None and self not in _RECORDING:
+            _RECORDING.append(self)
         queue = gpu.device.queue
         for index, slot in self.input_slots.items():
             t: torch.Tensor = args[index]
@@ -252,7 +259,7 @@ class Plan:
         encoder = gpu.device.create_command_encoder()
         if self.passes:
             compute = encoder.begin_compute_pass()
-            if self.validated and _RAW is not None:
+            if self.validated and _raw_library() is not None:
                 _record_raw(compute, self.raw_passes)
             else:
                 for pipeline, group, groups in self.passes:
@@ -270,7 +277,7 @@ class Plan:
             queue.submit([encoder.finish()])
             # wgpu-py submits an empty command buffer before every read mapping, for buffers that no
             # submission has touched (wgpu-native issue 305); this one was just written by ours
-            self.staging.map_sync(STAGING_READ)
+            self.staging.map_sync(_staging_read_mode())
             try:
                 # one copy, out of the mapped memory into memory we own, before it is unmapped
                 raw = np.array(self.staging.read_mapped(copy=False), dtype=np.uint8, copy=True)
@@ -286,6 +293,7 @@ class Plan:
         return tuple(_output(raw, out) for out in self.outputs)
 
 
+@functools.cache
 def _staging_read_mode() -> Any:
     """The read mapping without wgpu-py's extra empty submission: its own ``READ_NOSYNC`` mode where
     this wgpu-py has it (checked in its source), else the plain one."""
@@ -301,9 +309,6 @@ def _staging_read_mode() -> Any:
     except (ImportError, OSError, TypeError):
         pass
     return wgpu.MapMode.READ
-
-
-STAGING_READ = _staging_read_mode()
 
 
 def gpu_seconds(plan: Plan, repeats: int) -> float:
@@ -337,6 +342,7 @@ def gpu_seconds(plan: Plan, repeats: int) -> float:
     return max(many - one, 0.0) / (repeats - 1)
 
 
+@functools.cache
 def _raw_library() -> Any:
     """wgpu-native's C functions as cffi exposes them, or None where this wgpu has another layout.
 
@@ -359,11 +365,8 @@ def _raw_library() -> Any:
         return None
 
 
-_RAW = _raw_library()
-
-
 def _record_raw(compute: Any, passes: list[tuple[Any, Any, tuple[int, int, int]]]) -> None:
-    lib, ffi = _RAW
+    lib, ffi = _raw_library()
     handle = compute._internal
     no_offsets = ffi.NULL
     for pipeline, group, (x, y, z) in passes:

@@ -9,7 +9,7 @@ import torch
 
 from ..planner import INDEX, Expr, Lazy, Planner, cast, constant
 from ..values import KINDS, Value
-from . import ALL, ANY, BOOL, F32, F32_HALF, FLOATS, INTS, NUMERIC, FxNode, lower, shape_of
+from . import ALL, ANY, F32_HALF, FLOATS, INTS, NUMERIC, FxNode, lower, shape_of
 
 aten = torch.ops.aten
 
@@ -341,6 +341,3 @@ def _batch_norm(p: Planner, node: FxNode, args: list[Any], out: Any) -> tuple[La
         operands.append(per_channel(bias))
     y = expression(p, template, operands, out[0])
     return y, p.new_value(torch.float32, shape_of(out[1])), p.new_value(torch.float32, shape_of(out[2]))
-
-
-__all__ = ["BOOL", "F32", "expression", "kind_of"]

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..planner import Expr, Lazy, Planner, constant
+from ..planner import Lazy, Planner, constant
 from ..values import KINDS, Value
 from . import ALL, FxNode, lower, shape_of
 
@@ -97,6 +97,3 @@ def _pad(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
         interior = source.with_layout(src_meta)
         p.materialize(Lazy(p.lazy(interior, interior.shape), out.dtype, interior.shape), out=result.with_layout(window))
     return result
-
-
-__all__ = ["Expr"]

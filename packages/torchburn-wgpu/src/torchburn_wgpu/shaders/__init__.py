@@ -1,9 +1,10 @@
 """The one loader of the WGSL kernel files in this folder, one file per kernel family.
 
 A file may hold ``{{NAME}}`` placeholders that a kernel builder fills (a fused elementwise body, a
-rank, a combine function); ``{{MATH}}`` pulls in ``math.wgsl``, and a builder fills ``{{MATH64}}``
-with ``math64()`` where a kernel computes in float64. Every placeholder must be filled and
-no unknown one given, so a typo fails loudly here instead of as a shader compile error on a GPU.
+rank, a combine function); ``{{MATH}}`` pulls in ``math.wgsl`` and ``{{ROW_TREE}}`` ``row_tree.wgsl``,
+and a builder fills ``{{MATH64}}`` with ``math64()`` where a kernel computes in float64. Every
+placeholder must be filled and no unknown one given, so a typo fails loudly here instead of as a shader
+compile error on a GPU.
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ SAMPLES: dict[str, dict[str, str]] = {
 }
 
 
-LIBRARIES = ("math", "math64")  # helpers pulled into kernels, not kernels themselves
+LIBRARIES = ("math", "math64", "row_tree")  # helpers pulled into kernels, not kernels themselves
+# the libraries a kernel file pulls in by placeholder
+INCLUDES = {"MATH": "math", "ROW_TREE": "row_tree"}
 
 
 def families() -> list[str]:
@@ -70,9 +73,9 @@ def math64() -> str:
 def source(family: str, **fills: str) -> str:
     """The WGSL of ``family`` with its placeholders filled from ``fills``."""
     text = _text(family)
-    wanted = set(PLACEHOLDER.findall(text)) - {"MATH"}
+    wanted = set(PLACEHOLDER.findall(text)) - INCLUDES.keys()
     missing, unknown = wanted - fills.keys(), fills.keys() - wanted
     if missing or unknown:
         raise ValueError(f"{family}.wgsl: missing placeholders {sorted(missing)}, unknown ones {sorted(unknown)}")
-    values = {**fills, "MATH": _text("math")}
+    values = {**fills, **{name: _text(library) for name, library in INCLUDES.items()}}
     return PLACEHOLDER.sub(lambda m: values[m.group(1)], text)

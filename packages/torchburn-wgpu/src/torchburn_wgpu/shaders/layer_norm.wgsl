@@ -12,20 +12,7 @@
 @group(0) @binding(5) var<storage, read> weight: array<f32>;
 @group(0) @binding(6) var<storage, read> bias: array<f32>;
 
-var<workgroup> partial: array<f32, 256>;
-
-fn row_sum(lid: u32) -> f32 {
-    workgroupBarrier();
-    for (var width = 128u; width > 0u; width >>= 1u) {
-        if (lid < width) {
-            partial[lid] += partial[lid + width];
-        }
-        workgroupBarrier();
-    }
-    let total = partial[0];
-    workgroupBarrier();
-    return total;
-}
+{{ROW_TREE}}
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
@@ -41,14 +28,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
         s += x[base + j];
     }
     partial[lid] = s;
-    let mean = row_sum(lid) / f32(n);
+    let mean = tree(lid, false) / f32(n);
     var q = 0.0;
     for (var j = lid; j < n; j += 256u) {
         let d = x[base + j] - mean;
         q += d * d;
     }
     partial[lid] = q;
-    let rstd = inverseSqrt(row_sum(lid) / f32(n) + bitcast<f32>(params[2]));
+    let rstd = inverseSqrt(tree(lid, false) / f32(n) + bitcast<f32>(params[2]));
     for (var j = lid; j < n; j += 256u) {
         var v = (x[base + j] - mean) * rstd;
         if (params[3] != 0u) {

@@ -112,11 +112,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         workgroupBarrier();
         }
         for (var kk = 0u; kk < TK; kk++) {
-            // this thread's rows: 4·ly .. 4·ly+3 and 64 + the same; columns likewise with lx
-            let a_lo = a_tile[kk * 33u + lid.y];
-            let a_hi = a_tile[kk * 33u + 16u + lid.y];
-            let b_lo = b_tile[kk * 32u + lid.x];
-            let b_hi = b_tile[kk * 32u + 16u + lid.x];
 {{ACC_UPDATE}}
         }
         workgroupBarrier();

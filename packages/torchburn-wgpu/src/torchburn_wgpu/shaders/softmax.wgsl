@@ -14,21 +14,7 @@ const OUTER_RANK: u32 = {{OUTER_RANK}}u;
 const LOG: bool = {{LOG}};
 const IN_REGISTERS: bool = {{IN_REGISTERS}};
 
-var<workgroup> partial: array<f32, 256>;
-
-fn tree(lid: u32, is_max: bool) -> f32 {
-    workgroupBarrier();
-    for (var width = 128u; width > 0u; width >>= 1u) {
-        if (lid < width) {
-            let other = partial[lid + width];
-            partial[lid] = select(partial[lid] + other, max(partial[lid], other), is_max);
-        }
-        workgroupBarrier();
-    }
-    let total = partial[0];
-    workgroupBarrier();
-    return total;
-}
+{{ROW_TREE}}
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
