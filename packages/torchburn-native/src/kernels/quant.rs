@@ -37,6 +37,11 @@ const LANES: usize = 8;
 /// int16 values with scale (for the int8 formats).
 pub struct QActs {
     q8: Vec<i8>,
+    /// `q8` regrouped for the AVX-512 Q4 row kernel: per pair of blocks, elements 0..16 of the
+    /// first, of the second, then elements 16..32 of each (the order a pair's 32 bytes of nibbles
+    /// take when the low nibbles fill one half of a register and the high nibbles the other); a
+    /// lone last block is paired with zeros
+    q8_pairs: Vec<i8>,
     d8: Vec<f32>,
     /// `d8[b] · Σ q8` of each block: what a Q4 block's offset `m` multiplies
     dsum8: Vec<f32>,
@@ -72,6 +77,7 @@ pub fn quantize_acts(x: &[f32], format: ActFormat) -> QActs {
     let blocks = x.len() / BLOCK;
     let mut out = QActs {
         q8: vec![],
+        q8_pairs: vec![],
         d8: vec![],
         dsum8: vec![],
         q16: vec![],
@@ -113,6 +119,24 @@ pub fn quantize_acts(x: &[f32], format: ActFormat) -> QActs {
             out.d8[b] = d;
             out.dsum8[b] = d * s as f32;
         }
+    }
+    if !wide {
+        out.q8_pairs = pair_halves(&out.q8);
+    }
+    out
+}
+
+/// Regroups int8 blocks as [`QActs::q8_pairs`] describes.
+fn pair_halves(q8: &[i8]) -> Vec<i8> {
+    const HALF: usize = BLOCK / 2;
+    let blocks = q8.len() / BLOCK;
+    let mut out = vec![0i8; blocks.div_ceil(2) * 2 * BLOCK];
+    for b in 0..blocks {
+        let (pair, second) = (b / 2, b % 2);
+        let dst = &mut out[pair * 2 * BLOCK..];
+        let src = &q8[b * BLOCK..];
+        dst[second * HALF..][..HALF].copy_from_slice(&src[..HALF]);
+        dst[BLOCK + second * HALF..][..HALF].copy_from_slice(&src[HALF..BLOCK]);
     }
     out
 }
@@ -375,7 +399,20 @@ impl QMatrix {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => unsafe { x86::row_dot_avx2(self, r, a) },
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 | Isa::Avx512Vnni => unsafe { x86::rows_dot_avx512::<1>(self, r, a)[0] },
+            Isa::Avx512 | Isa::Avx512Vnni => unsafe { self.rows_avx512::<1>(r, a, isa)[0] },
+        }
+    }
+
+    /// `R` rows from `r` on AVX-512 (with VNNI where `isa` says so).
+    ///
+    /// # Safety
+    /// The CPU must have what `isa` names.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn rows_avx512<const R: usize>(&self, r: usize, a: &QActs, isa: Isa) -> [f32; R] {
+        match (&self.w, isa) {
+            (QWeights::Q4 { .. }, Isa::Avx512Vnni) => x86::q4_rows_avx512_vnni::<R>(self, r, a),
+            (QWeights::Q4 { .. }, _) => x86::q4_rows_avx512::<R>(self, r, a),
+            _ => x86::rows_dot_avx512::<R>(self, r, a),
         }
     }
 
@@ -395,7 +432,7 @@ impl QMatrix {
             // four rows at a time: their accumulator chains overlap
             while r + 4 <= rows.end {
                 // SAFETY: the CPU has AVX-512 (F, BW) and AVX2
-                let v = unsafe { x86::rows_dot_avx512::<4>(self, r, a) };
+                let v = unsafe { self.rows_avx512::<4>(r, a, isa) };
                 out[r - rows.start..][..4].copy_from_slice(&v);
                 r += 4;
             }
@@ -829,12 +866,6 @@ mod x86 {
         _mm512_add_epi32(lows, highs)
     }
 
-    /// Two Q4 × int8 blocks (32 bytes of nibbles, 64 activations).
-    #[inline(always)]
-    unsafe fn pair4(nib: *const u8, x: *const i8) -> __m512i {
-        dot4(expand4(nib), _mm512_loadu_si512(x as *const __m512i))
-    }
-
     /// Two Q4 blocks (32 bytes of nibbles) as 64 bytes in 0..16, in element order.
     #[inline(always)]
     unsafe fn expand4(nib: *const u8) -> __m512i {
@@ -905,7 +936,7 @@ mod x86 {
         let lone = bpr % 2 == 1;
         prefetch_rows(m, r0 + PREFETCH_ROWS, R);
         let mut acc = [_mm512_setzero_ps(); R];
-        let mut offs = [_mm256_setzero_ps(); R];
+        let offs = [_mm256_setzero_ps(); R];
         let mut row_scale = [1f32; R];
         match &m.w {
             QWeights::BF16 { w } => {
@@ -962,29 +993,7 @@ mod x86 {
                     }
                 }
             }
-            QWeights::Q4 { nibbles, d, m: mw } => {
-                let x = a.q8.as_ptr();
-                let nib: [*const u8; R] =
-                    std::array::from_fn(|i| nibbles[(r0 + i) * k / 2..].as_ptr());
-                let dp: [*const f16; R] = std::array::from_fn(|i| d[(r0 + i) * bpr..].as_ptr());
-                let d: [&[f16]; R] =
-                    std::array::from_fn(|i| &d[(r0 + i) * bpr..(r0 + i + 1) * bpr]);
-                for_pairs::<R>(pairs, dp, a.d8.as_ptr(), |p, i, scale| {
-                    let b = 2 * p;
-                    let part = pair4(nib[i].add(b * BLOCK / 2), x.add(b * BLOCK));
-                    acc[i] = add_pair_scaled(acc[i], part, scale);
-                });
-                if lone {
-                    let b = bpr - 1;
-                    for i in 0..R {
-                        let part = block4(nib[i].add(b * BLOCK / 2), x.add(b * BLOCK));
-                        acc[i] = add_last(acc[i], part, f32_of(d[i][b]) * a.d8[b]);
-                    }
-                }
-                for (i, o) in offs.iter_mut().enumerate() {
-                    *o = offsets(mw[(r0 + i) * bpr..].as_ptr(), a.dsum8.as_ptr(), bpr);
-                }
-            }
+            QWeights::Q4 { .. } => unreachable!("Q4 rows run in `q4_rows_avx512`"),
         }
         std::array::from_fn(|i| {
             let even = _mm512_castps512_ps256(acc[i]);
@@ -992,6 +1001,100 @@ mod x86 {
             finish_simd(even, odd, offs[i], row_scale[i])
         })
     }
+
+    /// Defines the Q4 row kernel of a decode step: `R` consecutive rows from `r0` against one
+    /// activation row, a pair of blocks per step. Per pair and row it is one load that fills both
+    /// halves of a register with the pair's 32 bytes of nibbles, a shift of the upper half and a mask
+    /// (low nibbles below, high nibbles above: no byte shuffles, because the activations were
+    /// regrouped to match, see [`QActs::q8_pairs`]), the integer product (`vpdpbusd` with VNNI, else
+    /// `vpmaddubsw` + `vpmaddwd`), and one multiply-add with the pair's scales. A register's lanes
+    /// hold the even block's accumulators in 0..4 and 8..12 and the odd block's in 4..8 and 12..16;
+    /// `finish` puts them back in the canonical order, in which every lane sees the same operations
+    /// as on the portable path. A macro, so the VNNI variant is compiled with VNNI enabled.
+    macro_rules! q4_rows_kernel {
+        ($(#[$attr:meta])* $name:ident, $features:literal, $vnni:literal) => {
+            $(#[$attr])*
+            #[target_feature(enable = $features)]
+            pub unsafe fn $name<const R: usize>(m: &QMatrix, r0: usize, a: &QActs) -> [f32; R] {
+                const VNNI: bool = $vnni;
+                let QWeights::Q4 { nibbles, d, m: mw } = &m.w else {
+                    unreachable!("the Q4 kernel takes Q4 weights")
+                };
+                let k = m.k;
+                let bpr = k / BLOCK;
+                let pairs = bpr / 2;
+                prefetch_rows(m, r0 + PREFETCH_ROWS, R);
+                let nib: [*const u8; R] = std::array::from_fn(|i| nibbles[(r0 + i) * k / 2..].as_ptr());
+                let dw: [*const f16; R] = std::array::from_fn(|i| d[(r0 + i) * bpr..].as_ptr());
+                let x = a.q8_pairs.as_ptr();
+                // the upper 256 bits take the high nibbles
+                let shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+                let low = _mm512_set1_epi8(0x0F);
+                let product = |w: __m512i, xv: __m512i| {
+                    if VNNI {
+                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xv)
+                    } else {
+                        dot4(w, xv)
+                    }
+                };
+                let mut acc = [_mm512_setzero_ps(); R];
+                // lane l of pair q's scales: block 2q + (l / 4) % 2
+                let spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
+                for g in 0..pairs.div_ceil(LANES) {
+                    let sx = _mm512_loadu_ps(a.d8.as_ptr().add(g * 2 * LANES));
+                    let scales: [__m512; R] =
+                        std::array::from_fn(|i| _mm512_mul_ps(f16x16(dw[i].add(g * 2 * LANES)), sx));
+                    for q in 0..LANES.min(pairs - g * LANES) {
+                        let p = g * LANES + q;
+                        let idx = _mm512_add_epi32(spread, _mm512_set1_epi32(2 * q as i32));
+                        let xv = _mm512_loadu_si512(x.add(p * 2 * BLOCK) as *const __m512i);
+                        for i in 0..R {
+                            let raw = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                                nib[i].add(p * BLOCK) as *const __m256i,
+                            ));
+                            let w = _mm512_and_si512(_mm512_srlv_epi64(raw, shift), low);
+                            let part = _mm512_cvtepi32_ps(product(w, xv));
+                            acc[i] = _mm512_fmadd_ps(part, _mm512_permutexvar_ps(idx, scales[i]), acc[i]);
+                        }
+                    }
+                }
+                if bpr % 2 == 1 {
+                    // the lone last block in the even lanes; its partner's activations are zeros
+                    let b = bpr - 1;
+                    let xv = _mm512_loadu_si512(x.add(pairs * 2 * BLOCK) as *const __m512i);
+                    for i in 0..R {
+                        let raw = _mm512_broadcast_i32x4(_mm_loadu_si128(
+                            nib[i].add(b * BLOCK / 2) as *const __m128i,
+                        ));
+                        let w = _mm512_and_si512(_mm512_srlv_epi64(raw, shift), low);
+                        let part = _mm512_cvtepi32_ps(product(w, xv));
+                        let s = f32_of(*dw[i].add(b)) * a.d8[b];
+                        acc[i] = _mm512_mask3_fmadd_ps(part, _mm512_set1_ps(s), acc[i], 0x0F0F);
+                    }
+                }
+                let canonical = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15);
+                std::array::from_fn(|i| {
+                    let offs = offsets(mw[(r0 + i) * bpr..].as_ptr(), a.dsum8.as_ptr(), bpr);
+                    let v = _mm512_permutexvar_ps(canonical, acc[i]);
+                    let even = _mm512_castps512_ps256(v);
+                    let odd = _mm512_extractf32x8_ps::<1>(v);
+                    finish_simd(even, odd, offs, 1.0)
+                })
+            }
+        };
+    }
+
+    q4_rows_kernel!(
+        q4_rows_avx512,
+        "avx512f,avx512bw,avx512dq,avx2,f16c,fma",
+        false
+    );
+    q4_rows_kernel!(
+        /// With VNNI's `vpdpbusd`: the same integers in one instruction, not two.
+        q4_rows_avx512_vnni,
+        "avx512f,avx512bw,avx512dq,avx2,f16c,fma,avx512vnni",
+        true
+    );
 
     /// Defines a prefill tile kernel: rows `r0..r0 + R` against `C` activation rows at once. Each pair
     /// of weight blocks is expanded once for all `C` tokens and each activation pair loaded once for
