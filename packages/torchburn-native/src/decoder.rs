@@ -303,7 +303,17 @@ fn dot16(a: &[f32], b: &[f32]) -> f32 {
             acc[i] += x[i] * y[i];
         }
     }
-    acc.iter().sum::<f32>() + tail
+    tree16(acc) + tail
+}
+
+/// The sum of sixteen lanes by halving (`a[i] + a[i + 8]`, then `+ 4`, `+ 2`, `+ 1`): a few vector
+/// adds, where a left-to-right sum is fifteen dependent scalar adds (the cost of a whole 64-wide dot
+/// product again, in attention's one dot per cached key).
+#[inline(always)]
+fn tree16(a: [f32; 16]) -> f32 {
+    let a8: [f32; 8] = std::array::from_fn(|i| a[i] + a[i + 8]);
+    let a4: [f32; 4] = std::array::from_fn(|i| a8[i] + a8[i + 4]);
+    (a4[0] + a4[2]) + (a4[1] + a4[3])
 }
 
 /// Rotary embedding in the "rotate half" layout: pairs are (i, i + D/2).
@@ -328,6 +338,16 @@ const PARALLEL_ATTENTION_MIN: usize = 512;
 fn attend(q: &[f32], keys: &[f32], values: &[f32], scores: &mut [f32], out: &mut [f32]) {
     let hd = q.len();
     let scale = 1.0 / (hd as f32).sqrt();
+    #[cfg(target_arch = "x86_64")]
+    if hd.is_multiple_of(16) && std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512F; `keys` holds `scores.len()` rows of `hd`
+        unsafe { scores_avx512(q, keys, scale, scores) };
+    } else {
+        for (s, k) in scores.iter_mut().zip(keys.chunks_exact(hd)) {
+            *s = dot16(q, k) * scale;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
     for (s, k) in scores.iter_mut().zip(keys.chunks_exact(hd)) {
         *s = dot16(q, k) * scale;
     }
@@ -337,11 +357,79 @@ fn attend(q: &[f32], keys: &[f32], values: &[f32], scores: &mut [f32], out: &mut
         *s = exp_f32(*s - max);
     }
     let total: f32 = scores.iter().sum();
+    for s in scores.iter_mut() {
+        *s /= total;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if hd.is_multiple_of(16) && std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512F; `values` holds `scores.len()` rows of `out.len()`
+        unsafe { weighted_values_avx512(scores, values, out) };
+        return;
+    }
     out.fill(0.0);
     for (&p, v) in scores.iter().zip(values.chunks_exact(hd)) {
-        let p = p / total;
         for (o, &x) in out.iter_mut().zip(v) {
             *o += p * x;
+        }
+    }
+}
+
+/// `scores[j] = (q · keys[j]) · scale` for `hd` a multiple of 16, in `dot16`'s order (sixteen lanes,
+/// separate multiply and add, halving tree): the compiler turned the portable loop into four-lane
+/// pieces and a scalar sum per key, which made attention a tenth of a decode step.
+///
+/// # Safety
+/// The CPU must have AVX-512F; `keys` must hold `scores.len()` rows of `q.len()` floats.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn scores_avx512(q: &[f32], keys: &[f32], scale: f32, scores: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let hd = q.len();
+    for (j, s) in scores.iter_mut().enumerate() {
+        let k = keys.as_ptr().add(j * hd);
+        let mut acc = _mm512_setzero_ps();
+        for c in (0..hd).step_by(16) {
+            let p = _mm512_mul_ps(
+                _mm512_loadu_ps(q.as_ptr().add(c)),
+                _mm512_loadu_ps(k.add(c)),
+            );
+            acc = _mm512_add_ps(acc, p);
+        }
+        // a[i] + a[i + 8], then + 4, + 2, + 1
+        let a8 = _mm256_add_ps(
+            _mm512_castps512_ps256(acc),
+            _mm512_extractf32x8_ps::<1>(acc),
+        );
+        let a4 = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps::<1>(a8));
+        let a2 = _mm_add_ps(a4, _mm_movehl_ps(a4, a4));
+        let a1 = _mm_add_ss(a2, _mm_movehdup_ps(a2));
+        *s = _mm_cvtss_f32(a1) * scale;
+    }
+}
+
+/// `out = Σ_j probs[j] · values[j]` for `out.len()` a multiple of 16, each lane summed over the
+/// positions in order as the portable loop does. Four 16-lane sums run side by side, held in
+/// registers across all positions: one alone waits on its own add at every position.
+///
+/// # Safety
+/// The CPU must have AVX-512F; `values` must hold `probs.len()` rows of `out.len()` floats.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn weighted_values_avx512(probs: &[f32], values: &[f32], out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let hd = out.len();
+    for c0 in (0..hd).step_by(64) {
+        let chunks = ((hd - c0) / 16).min(4);
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for (j, &p) in probs.iter().enumerate() {
+            let p = _mm512_set1_ps(p);
+            let v = values.as_ptr().add(j * hd + c0);
+            for (c, a) in acc.iter_mut().enumerate().take(chunks) {
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(p, _mm512_loadu_ps(v.add(16 * c))));
+            }
+        }
+        for (c, a) in acc.iter().enumerate().take(chunks) {
+            _mm512_storeu_ps(out.as_mut_ptr().add(c0 + 16 * c), *a);
         }
     }
 }
@@ -457,6 +545,41 @@ mod tests {
         silu_mul(&mut g, &u);
         for (got, want) in g.iter().zip(want) {
             assert!((*got as f64 - want).abs() < 1e-6, "{got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn simd_scores_equal_the_portable_dot_bit_for_bit() {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            let data = crate::kernels::testing::centered(64 * 37 + 64, 3);
+            let (q, keys) = data.split_at(64);
+            let mut fast = vec![0f32; 37];
+            // SAFETY: checked above; 37 rows of 64
+            unsafe { scores_avx512(q, keys, 0.125, &mut fast) };
+            let portable: Vec<f32> = keys.chunks_exact(64).map(|k| dot16(q, k) * 0.125).collect();
+            assert_eq!(fast, portable);
+        }
+    }
+
+    #[test]
+    fn simd_weighted_values_equal_the_portable_loop_bit_for_bit() {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            for hd in [16, 64, 80, 128] {
+                let values = crate::kernels::testing::centered(hd * 29, hd as u64);
+                let probs = crate::kernels::testing::centered(29, 7);
+                let mut fast = vec![1f32; hd];
+                // SAFETY: checked above; 29 rows of hd
+                unsafe { weighted_values_avx512(&probs, &values, &mut fast) };
+                let mut portable = vec![0f32; hd];
+                for (&p, v) in probs.iter().zip(values.chunks_exact(hd)) {
+                    for (o, &x) in portable.iter_mut().zip(v) {
+                        *o += p * x;
+                    }
+                }
+                assert_eq!(fast, portable, "head size {hd}");
+            }
         }
     }
 

@@ -1024,26 +1024,32 @@ mod x86 {
                 let bpr = k / BLOCK;
                 let pairs = bpr / 2;
                 prefetch_rows(m, r0 + PREFETCH_ROWS, R);
-                let nib: [*const u8; R] = std::array::from_fn(|i| nibbles[(r0 + i) * k / 2..].as_ptr());
-                let dw: [*const f16; R] = std::array::from_fn(|i| d[(r0 + i) * bpr..].as_ptr());
+                let nib: [*const u8; R] = std::array::from_fn(|i| nibbles.as_ptr().add((r0 + i) * k / 2));
+                let dw: [*const f16; R] = std::array::from_fn(|i| d.as_ptr().add((r0 + i) * bpr));
                 let x = a.q8_pairs.as_ptr();
                 // the upper 256 bits take the high nibbles
                 let shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
                 let low = _mm512_set1_epi8(0x0F);
-                let product = |w: __m512i, xv: __m512i| {
-                    if VNNI {
-                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xv)
-                    } else {
-                        dot4(w, xv)
-                    }
-                };
+                // a macro, not a closure: closures do not inherit the function's target features, and
+                // one here stayed an out-of-line call per product
+                macro_rules! product {
+                    ($w:expr, $xv:expr) => {
+                        if VNNI {
+                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), $w, $xv)
+                        } else {
+                            dot4($w, $xv)
+                        }
+                    };
+                }
                 let mut acc = [_mm512_setzero_ps(); R];
                 // lane l of pair q's scales: block 2q + (l / 4) % 2
                 let spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
                 for g in 0..pairs.div_ceil(LANES) {
                     let sx = _mm512_loadu_ps(a.d8.as_ptr().add(g * 2 * LANES));
-                    let scales: [__m512; R] =
-                        std::array::from_fn(|i| _mm512_mul_ps(f16x16(dw[i].add(g * 2 * LANES)), sx));
+                    let mut scales = [_mm512_setzero_ps(); R];
+                    for i in 0..R {
+                        scales[i] = _mm512_mul_ps(f16x16(dw[i].add(g * 2 * LANES)), sx);
+                    }
                     for q in 0..LANES.min(pairs - g * LANES) {
                         let p = g * LANES + q;
                         let idx = _mm512_add_epi32(spread, _mm512_set1_epi32(2 * q as i32));
@@ -1053,7 +1059,7 @@ mod x86 {
                                 nib[i].add(p * BLOCK) as *const __m256i,
                             ));
                             let w = _mm512_and_si512(_mm512_srlv_epi64(raw, shift), low);
-                            let part = _mm512_cvtepi32_ps(product(w, xv));
+                            let part = _mm512_cvtepi32_ps(product!(w, xv));
                             acc[i] = _mm512_fmadd_ps(part, _mm512_permutexvar_ps(idx, scales[i]), acc[i]);
                         }
                     }
@@ -1067,19 +1073,21 @@ mod x86 {
                             nib[i].add(b * BLOCK / 2) as *const __m128i,
                         ));
                         let w = _mm512_and_si512(_mm512_srlv_epi64(raw, shift), low);
-                        let part = _mm512_cvtepi32_ps(product(w, xv));
+                        let part = _mm512_cvtepi32_ps(product!(w, xv));
                         let s = f32_of(*dw[i].add(b)) * a.d8[b];
                         acc[i] = _mm512_mask3_fmadd_ps(part, _mm512_set1_ps(s), acc[i], 0x0F0F);
                     }
                 }
                 let canonical = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15);
-                std::array::from_fn(|i| {
+                let mut out = [0f32; R];
+                for i in 0..R {
                     let offs = offsets(mw[(r0 + i) * bpr..].as_ptr(), a.dsum8.as_ptr(), bpr);
                     let v = _mm512_permutexvar_ps(canonical, acc[i]);
                     let even = _mm512_castps512_ps256(v);
                     let odd = _mm512_extractf32x8_ps::<1>(v);
-                    finish_simd(even, odd, offs, 1.0)
-                })
+                    out[i] = finish_simd(even, odd, offs, 1.0);
+                }
+                out
             }
         };
     }
