@@ -42,6 +42,10 @@ pub struct QActs {
     /// take when the low nibbles fill one half of a register and the high nibbles the other); a
     /// lone last block is paired with zeros
     q8_pairs: Vec<i8>,
+    /// `-128 ·` the sum of each four consecutive `q8` (zero padded to whole pairs of blocks): what
+    /// turns a product of `q8` with int8 weights offset to unsigned (`w + 128`, for `vpdpbusd`) back
+    /// into the signed product
+    unsigned_fix: Vec<i32>,
     d8: Vec<f32>,
     /// `d8[b] · Σ q8` of each block: what a Q4 block's offset `m` multiplies
     dsum8: Vec<f32>,
@@ -78,6 +82,7 @@ pub fn quantize_acts(x: &[f32], format: ActFormat) -> QActs {
     let mut out = QActs {
         q8: vec![],
         q8_pairs: vec![],
+        unsigned_fix: vec![],
         d8: vec![],
         dsum8: vec![],
         q16: vec![],
@@ -122,6 +127,10 @@ pub fn quantize_acts(x: &[f32], format: ActFormat) -> QActs {
     }
     if !wide {
         out.q8_pairs = pair_halves(&out.q8);
+        out.unsigned_fix = vec![0; blocks.div_ceil(2) * 2 * LANES];
+        for (fix, group) in out.unsigned_fix.iter_mut().zip(out.q8.chunks_exact(4)) {
+            *fix = -128 * group.iter().map(|&v| v as i32).sum::<i32>();
+        }
     }
     out
 }
@@ -368,8 +377,8 @@ impl QMatrix {
     /// The activations this format's products take.
     pub fn act_format(&self) -> ActFormat {
         match self.w {
-            QWeights::Q4 { .. } => ActFormat::Int8,
-            QWeights::Q8 { .. } | QWeights::Q8B { .. } => ActFormat::Int16,
+            QWeights::Q4 { .. } | QWeights::Q8B { .. } => ActFormat::Int8,
+            QWeights::Q8 { .. } => ActFormat::Int16,
             QWeights::BF16 { .. } => ActFormat::F32,
         }
     }
@@ -412,6 +421,8 @@ impl QMatrix {
         match (&self.w, isa) {
             (QWeights::Q4 { .. }, Isa::Avx512Vnni) => x86::q4_rows_avx512_vnni::<R>(self, r, a),
             (QWeights::Q4 { .. }, _) => x86::q4_rows_avx512::<R>(self, r, a),
+            (QWeights::Q8B { .. }, Isa::Avx512Vnni) => x86::q8b_rows_avx512_vnni::<R>(self, r, a),
+            (QWeights::Q8B { .. }, _) => x86::q8b_rows_avx512::<R>(self, r, a),
             _ => x86::rows_dot_avx512::<R>(self, r, a),
         }
     }
@@ -463,7 +474,9 @@ impl QMatrix {
             let out = out_ptr;
             let mut first = 0; // the first token the row-by-row loop below still has to do
             #[cfg(target_arch = "x86_64")]
-            if matches!(isa, Isa::Avx512 | Isa::Avx512Vnni) && self.act_format() != ActFormat::F32 {
+            if matches!(isa, Isa::Avx512 | Isa::Avx512Vnni)
+                && matches!(self.w, QWeights::Q4 { .. } | QWeights::Q8 { .. })
+            {
                 // tiles of TILE_ROWS rows × TILE_TOKENS tokens; this task's rows stay in L2 across them
                 while first + TILE_TOKENS <= rows {
                     let a: [&QActs; TILE_TOKENS] = std::array::from_fn(|j| &acts[first + j]);
@@ -638,11 +651,11 @@ fn row_dot(m: &QMatrix, r: usize, a: &QActs) -> f32 {
         }
         QWeights::Q8B { q, d } => {
             for b in 0..bpr {
-                let x = &a.q16[b * BLOCK..(b + 1) * BLOCK];
+                let x = &a.q8[b * BLOCK..(b + 1) * BLOCK];
                 add(
                     b,
-                    lanes16(&q[r * k + b * BLOCK..], x),
-                    d[r * bpr + b].to_f32() * a.d16[b],
+                    lanes8(&q[r * k + b * BLOCK..], x),
+                    d[r * bpr + b].to_f32() * a.d8[b],
                 );
             }
             1.0
@@ -724,6 +737,18 @@ mod x86 {
         _mm256_add_epi32(_mm256_madd_epi16(w_lo, x_lo), _mm256_madd_epi16(w_hi, x_hi))
     }
 
+    /// Eight lanes of an int8 × int8 block: `vpmaddubsw` on |w| and x with w's sign (no pair sum can
+    /// saturate: both are within ±127), then `vpmaddwd` by ones.
+    #[inline(always)]
+    unsafe fn block8(w: *const i8, x: *const i8) -> __m256i {
+        let wv = _mm256_loadu_si256(w as *const __m256i);
+        let xv = _mm256_loadu_si256(x as *const __m256i);
+        _mm256_madd_epi16(
+            _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv)),
+            _mm256_set1_epi16(1),
+        )
+    }
+
     /// Eight lanes of a Q4 × int8 block: `vpmaddubsw` (the 4-bit values are unsigned, so no pair sum
     /// can saturate: 2·15·127 < 2^15) then `vpmaddwd` by ones.
     #[inline(always)]
@@ -781,8 +806,8 @@ mod x86 {
                 for b in 0..bpr {
                     add(
                         b,
-                        block16(w.add(b * BLOCK), a.q16.as_ptr().add(b * BLOCK)),
-                        f32_of(d[r * bpr + b]) * a.d16[b],
+                        block8(w.add(b * BLOCK), a.q8.as_ptr().add(b * BLOCK)),
+                        f32_of(d[r * bpr + b]) * a.d8[b],
                     );
                 }
                 1.0
@@ -814,31 +839,6 @@ mod x86 {
     #[inline(always)]
     unsafe fn add_pair_scaled(acc: __m512, part: __m512i, scale: __m512) -> __m512 {
         _mm512_fmadd_ps(_mm512_cvtepi32_ps(part), scale, acc)
-    }
-
-    /// Calls `f(pair, row, scales)` for every pair of blocks and each of `R` rows, pair-major, with
-    /// the pair's block scales `[d_w·d_x of the even block ×8, of the odd block ×8]`. The products
-    /// are formed sixteen blocks at a time from the rows' f16 weight scales (`dw[i]`) and the
-    /// activation scales (`dx`); both run on past the row into padding whose products go unused.
-    #[inline(always)]
-    unsafe fn for_pairs<const R: usize>(
-        pairs: usize,
-        dw: [*const f16; R],
-        dx: *const f32,
-        mut f: impl FnMut(usize, usize, __m512),
-    ) {
-        let spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-        for g in 0..pairs.div_ceil(LANES) {
-            let x = _mm512_loadu_ps(dx.add(g * 2 * LANES));
-            let scales: [__m512; R] =
-                std::array::from_fn(|i| _mm512_mul_ps(f16x16(dw[i].add(g * 2 * LANES)), x));
-            for q in 0..LANES.min(pairs - g * LANES) {
-                let idx = _mm512_add_epi32(spread, _mm512_set1_epi32(2 * q as i32));
-                for (i, s) in scales.iter().enumerate() {
-                    f(g * LANES + q, i, _mm512_permutexvar_ps(idx, *s));
-                }
-            }
-        }
     }
 
     /// A lone last (even) block, added to the low half.
@@ -974,26 +974,9 @@ mod x86 {
                 }
                 row_scale = std::array::from_fn(|i| scale[r0 + i]);
             }
-            QWeights::Q8B { q, d } => {
-                let x = a.q16.as_ptr();
-                let w: [*const i8; R] = std::array::from_fn(|i| q[(r0 + i) * k..].as_ptr());
-                let dp: [*const f16; R] = std::array::from_fn(|i| d[(r0 + i) * bpr..].as_ptr());
-                let d: [&[f16]; R] =
-                    std::array::from_fn(|i| &d[(r0 + i) * bpr..(r0 + i + 1) * bpr]);
-                for_pairs::<R>(pairs, dp, a.d16.as_ptr(), |p, i, scale| {
-                    let b = 2 * p;
-                    let part = pair16(w[i].add(b * BLOCK), x.add(b * BLOCK));
-                    acc[i] = add_pair_scaled(acc[i], part, scale);
-                });
-                if lone {
-                    let b = bpr - 1;
-                    for i in 0..R {
-                        let part = block16(w[i].add(b * BLOCK), x.add(b * BLOCK));
-                        acc[i] = add_last(acc[i], part, f32_of(d[i][b]) * a.d16[b]);
-                    }
-                }
+            QWeights::Q4 { .. } | QWeights::Q8B { .. } => {
+                unreachable!("Q4 and Q8B rows run in their own kernels")
             }
-            QWeights::Q4 { .. } => unreachable!("Q4 rows run in `q4_rows_avx512`"),
         }
         std::array::from_fn(|i| {
             let even = _mm512_castps512_ps256(acc[i]);
@@ -1092,6 +1075,89 @@ mod x86 {
         };
     }
 
+    /// Defines the Q8B row kernel of a decode step (the output projection under int8 and int4): `R`
+    /// rows from `r0` against one int8 activation row, a pair of blocks (64 bytes of weights, in
+    /// their stored order) per step, lanes in the canonical order as they come. With VNNI, the
+    /// weights are offset to unsigned (`w ^ 0x80` is `w + 128`) for `vpdpbusd`, whose sum starts from
+    /// [`QActs::unsigned_fix`] so that the offset cancels exactly; without, `vpmaddubsw` takes |w|
+    /// and x with w's sign.
+    macro_rules! q8b_rows_kernel {
+        ($(#[$attr:meta])* $name:ident, $features:literal, $vnni:literal) => {
+            $(#[$attr])*
+            #[target_feature(enable = $features)]
+            pub unsafe fn $name<const R: usize>(m: &QMatrix, r0: usize, a: &QActs) -> [f32; R] {
+                const VNNI: bool = $vnni;
+                let QWeights::Q8B { q, d } = &m.w else {
+                    unreachable!("the Q8B kernel takes Q8B weights")
+                };
+                let k = m.k;
+                let bpr = k / BLOCK;
+                let pairs = bpr / 2;
+                prefetch_rows(m, r0 + PREFETCH_ROWS, R);
+                let w: [*const i8; R] = std::array::from_fn(|i| q.as_ptr().add((r0 + i) * k));
+                let dw: [*const f16; R] = std::array::from_fn(|i| d.as_ptr().add((r0 + i) * bpr));
+                let (x, fix) = (a.q8.as_ptr(), a.unsigned_fix.as_ptr());
+                let offset = _mm512_set1_epi8(-128);
+                let mut acc = [_mm512_setzero_ps(); R];
+                let spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+                for g in 0..pairs.div_ceil(LANES) {
+                    let sx = _mm512_loadu_ps(a.d8.as_ptr().add(g * 2 * LANES));
+                    let mut scales = [_mm512_setzero_ps(); R];
+                    for i in 0..R {
+                        scales[i] = _mm512_mul_ps(f16x16(dw[i].add(g * 2 * LANES)), sx);
+                    }
+                    for q in 0..LANES.min(pairs - g * LANES) {
+                        let p = g * LANES + q;
+                        let idx = _mm512_add_epi32(spread, _mm512_set1_epi32(2 * q as i32));
+                        let xv = _mm512_loadu_si512(x.add(p * 2 * BLOCK) as *const __m512i);
+                        let fv = _mm512_loadu_si512(fix.add(p * 2 * LANES) as *const __m512i);
+                        for i in 0..R {
+                            let wv = _mm512_loadu_si512(w[i].add(p * 2 * BLOCK) as *const __m512i);
+                            let part = if VNNI {
+                                _mm512_dpbusd_epi32(fv, _mm512_xor_si512(wv, offset), xv)
+                            } else {
+                                let negative = _mm512_movepi8_mask(wv);
+                                let signed_x = _mm512_mask_sub_epi8(xv, negative, _mm512_setzero_si512(), xv);
+                                _mm512_madd_epi16(
+                                    _mm512_maddubs_epi16(_mm512_abs_epi8(wv), signed_x),
+                                    _mm512_set1_epi16(1),
+                                )
+                            };
+                            let part = _mm512_cvtepi32_ps(part);
+                            acc[i] = _mm512_fmadd_ps(part, _mm512_permutexvar_ps(idx, scales[i]), acc[i]);
+                        }
+                    }
+                }
+                if bpr % 2 == 1 {
+                    let b = bpr - 1;
+                    for i in 0..R {
+                        let part = block8(w[i].add(b * BLOCK), x.add(b * BLOCK));
+                        acc[i] = add_last(acc[i], part, f32_of(*dw[i].add(b)) * a.d8[b]);
+                    }
+                }
+                let mut out = [0f32; R];
+                for i in 0..R {
+                    let even = _mm512_castps512_ps256(acc[i]);
+                    let odd = _mm512_extractf32x8_ps::<1>(acc[i]);
+                    out[i] = finish_simd(even, odd, _mm256_setzero_ps(), 1.0);
+                }
+                out
+            }
+        };
+    }
+
+    q8b_rows_kernel!(
+        q8b_rows_avx512,
+        "avx512f,avx512bw,avx512dq,avx2,f16c,fma",
+        false
+    );
+    q8b_rows_kernel!(
+        /// With VNNI's `vpdpbusd`.
+        q8b_rows_avx512_vnni,
+        "avx512f,avx512bw,avx512dq,avx2,f16c,fma,avx512vnni",
+        true
+    );
+
     q4_rows_kernel!(
         q4_rows_avx512,
         "avx512f,avx512bw,avx512dq,avx2,f16c,fma",
@@ -1182,14 +1248,11 @@ mod x86 {
                     }
                 }
             }
-            QWeights::Q8 { q, .. } | QWeights::Q8B { q, .. } => {
-                let (dw, per_row): ([*const f16; R], Option<&[f32]>) = match &m.w {
-                    QWeights::Q8B { d, .. } => {
-                        (std::array::from_fn(|i| d[(r0 + i) * bpr..].as_ptr()), None)
-                    }
-                    QWeights::Q8 { scale, .. } => ([std::ptr::null(); R], Some(scale)),
-                    QWeights::Q4 { .. } | QWeights::BF16 { .. } => unreachable!(),
-                };
+            QWeights::Q8B { .. } => unreachable!("Q8B weights take no tiles"),
+            QWeights::Q8 { q, scale } => {
+                // the per-row scale is applied at the end
+                let (dw, per_row): ([*const f16; R], Option<&[f32]>) =
+                    ([std::ptr::null(); R], Some(scale));
                 let w: [*const i8; R] = std::array::from_fn(|i| q[(r0 + i) * k..].as_ptr());
                 for g in 0..pairs.div_ceil(LANES) {
                     let sw: [Option<__m512>; R] = std::array::from_fn(|i| {
@@ -1348,7 +1411,7 @@ mod tests {
                 .collect();
             for (m, tol) in [
                 (QMatrix::quantize_q8(&w, n, k), 0.02),
-                (QMatrix::quantize_q8_blocks(&w, n, k), 0.01),
+                (QMatrix::quantize_q8_blocks(&w, n, k), 0.03),
                 (QMatrix::quantize_q4(&w, n, k), 0.12),
                 (QMatrix::quantize_bf16(&w, n, k), 0.005),
             ] {
