@@ -841,6 +841,23 @@ mod x86 {
         _mm512_fmadd_ps(_mm512_cvtepi32_ps(part), scale, acc)
     }
 
+    /// The block scales `d_w · d_x` of the sixteen blocks from block `16g` on, for each of `R` rows
+    /// (their f16 weight scales at `dw[i]`); past a row's last block they run into padding whose
+    /// products go unused.
+    #[inline(always)]
+    unsafe fn group_scales<const R: usize>(
+        dw: &[*const f16; R],
+        dx: *const f32,
+        g: usize,
+    ) -> [__m512; R] {
+        let sx = _mm512_loadu_ps(dx.add(g * 2 * LANES));
+        let mut scales = [_mm512_setzero_ps(); R];
+        for (scale, &w) in scales.iter_mut().zip(dw) {
+            *scale = _mm512_mul_ps(f16x16(w.add(g * 2 * LANES)), sx);
+        }
+        scales
+    }
+
     /// A lone last (even) block, added to the low half.
     #[inline(always)]
     unsafe fn add_last(acc: __m512, part: __m256i, scale: f32) -> __m512 {
@@ -1028,11 +1045,7 @@ mod x86 {
                 // lane l of pair q's scales: block 2q + (l / 4) % 2
                 let spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
                 for g in 0..pairs.div_ceil(LANES) {
-                    let sx = _mm512_loadu_ps(a.d8.as_ptr().add(g * 2 * LANES));
-                    let mut scales = [_mm512_setzero_ps(); R];
-                    for i in 0..R {
-                        scales[i] = _mm512_mul_ps(f16x16(dw[i].add(g * 2 * LANES)), sx);
-                    }
+                    let scales = group_scales(&dw, a.d8.as_ptr(), g);
                     for q in 0..LANES.min(pairs - g * LANES) {
                         let p = g * LANES + q;
                         let idx = _mm512_add_epi32(spread, _mm512_set1_epi32(2 * q as i32));
@@ -1101,11 +1114,7 @@ mod x86 {
                 let mut acc = [_mm512_setzero_ps(); R];
                 let spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
                 for g in 0..pairs.div_ceil(LANES) {
-                    let sx = _mm512_loadu_ps(a.d8.as_ptr().add(g * 2 * LANES));
-                    let mut scales = [_mm512_setzero_ps(); R];
-                    for i in 0..R {
-                        scales[i] = _mm512_mul_ps(f16x16(dw[i].add(g * 2 * LANES)), sx);
-                    }
+                    let scales = group_scales(&dw, a.d8.as_ptr(), g);
                     for q in 0..LANES.min(pairs - g * LANES) {
                         let p = g * LANES + q;
                         let idx = _mm512_add_epi32(spread, _mm512_set1_epi32(2 * q as i32));
