@@ -338,18 +338,17 @@ const PARALLEL_ATTENTION_MIN: usize = 512;
 fn attend(q: &[f32], keys: &[f32], values: &[f32], scores: &mut [f32], out: &mut [f32]) {
     let hd = q.len();
     let scale = 1.0 / (hd as f32).sqrt();
-    #[cfg(target_arch = "x86_64")]
-    if hd.is_multiple_of(16) && std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the CPU has AVX-512F; `keys` holds `scores.len()` rows of `hd`
-        unsafe { scores_avx512(q, keys, scale, scores) };
+    let simd = avx512_rows(hd);
+    if simd {
+        // SAFETY: `avx512_rows` checked the CPU; `keys` holds `scores.len()` rows of `hd`
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            scores_avx512(q, keys, scale, scores)
+        };
     } else {
         for (s, k) in scores.iter_mut().zip(keys.chunks_exact(hd)) {
             *s = dot16(q, k) * scale;
         }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    for (s, k) in scores.iter_mut().zip(keys.chunks_exact(hd)) {
-        *s = dot16(q, k) * scale;
     }
     let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
     // exp in a loop of its own, so that it vectorizes; the sum after it
@@ -360,17 +359,33 @@ fn attend(q: &[f32], keys: &[f32], values: &[f32], scores: &mut [f32], out: &mut
     for s in scores.iter_mut() {
         *s /= total;
     }
-    #[cfg(target_arch = "x86_64")]
-    if hd.is_multiple_of(16) && std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the CPU has AVX-512F; `values` holds `scores.len()` rows of `out.len()`
-        unsafe { weighted_values_avx512(scores, values, out) };
-        return;
-    }
-    out.fill(0.0);
-    for (&p, v) in scores.iter().zip(values.chunks_exact(hd)) {
-        for (o, &x) in out.iter_mut().zip(v) {
-            *o += p * x;
+    if simd {
+        // SAFETY: as above; `values` holds `scores.len()` rows of `out.len()`
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            weighted_values_avx512(scores, values, out)
+        };
+    } else {
+        out.fill(0.0);
+        for (&p, v) in scores.iter().zip(values.chunks_exact(hd)) {
+            for (o, &x) in out.iter_mut().zip(v) {
+                *o += p * x;
+            }
         }
+    }
+}
+
+/// Whether attention rows of `hd` floats take the AVX-512 loops below (same results as the portable
+/// ones, which the compiler vectorizes poorly).
+fn avx512_rows(hd: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        hd.is_multiple_of(16) && std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = hd;
+        false
     }
 }
 

@@ -549,7 +549,7 @@ enum Isa {
     Avx2,
     #[cfg(target_arch = "x86_64")]
     Avx512,
-    /// AVX-512 with VNNI's `vpdpbusd` in the prefill tiles
+    /// AVX-512 with VNNI's `vpdpbusd` (decode rows and prefill tiles)
     #[cfg(target_arch = "x86_64")]
     Avx512Vnni,
 }
