@@ -49,6 +49,8 @@ def test_generate_with_the_embedded_model() -> None:
         (("generate", "hi", "--model", "/no/such/model.gguf"), "/no/such/model.gguf is not a file"),
         (("generate", "hi", "--quant", "int3"), "quant='int3' is not available; choose one of"),
         (("generate", "hi", "--device", "tpu"), "device='tpu' is not available"),
+        (("bench",), "No such command 'bench'. Did you mean 'benchmark'?"),
+        (("generate", "hi", "--bogus"), "No such option: --bogus"),
     ],
 )
 def test_user_mistakes_are_one_line_errors(args: tuple[str, ...], message: str) -> None:

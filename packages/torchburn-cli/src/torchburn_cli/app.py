@@ -234,13 +234,22 @@ def _run(typer_app: typer.Typer) -> None:
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
         sys.exit(130)
-    except Exception as exc:  # click's usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
+    except Exception as exc:
+        if _is_usage_error(exc):
+            exc.show()  # type: ignore[attr-defined]
+            sys.exit(exc.exit_code)  # type: ignore[attr-defined]
         raise
+
+
+def _is_usage_error(exc: Exception) -> bool:
+    """A mistyped command or option, from click or from the copy of click that newer typer ships."""
+    import click
+
+    usage_errors: tuple[type[Exception], ...] = (click.ClickException,)
+    typer_exception = getattr(typer, "TyperException", None)
+    if isinstance(typer_exception, type):
+        usage_errors += (typer_exception,)
+    return isinstance(exc, usage_errors) and hasattr(exc, "show")
 
 
 def main() -> None:
