@@ -88,6 +88,46 @@ def test_thread_count_from_env_or_torch() -> None:
     assert "TORCHBURN_NUM_THREADS must be a positive integer, got 'lots'" in bad.stderr
 
 
+_GEMM_LAYOUTS = """
+import torch, torchburn, torchburn_native
+torch.manual_seed(0)
+a, b = torch.randn(67, 45, dtype=torch.float64), torch.randn(45, 31, dtype=torch.float64)
+cases = [
+    (lambda x, y: x @ y, a.float(), b.float()),                                # row-major
+    (lambda x, y: x.t() @ y.t(), a.t().contiguous().float(), b.t().contiguous().float()),  # column-major
+    (lambda x, y: x[3:40:2, 5:] @ y[5:, ::3], a.float(), b.float()),          # strided slices
+    (lambda x, y: torch.relu(x @ y + 1.5), a, b),                              # f64 with an epilogue
+    (lambda x, y: x[:1] @ y, a.float(), b.float()),                            # one row
+]
+worst = 0.0
+for fn, x, y in cases:
+    got = torch.compile(fn, backend="torchburn", options={"engine": "native", "fallback": "error"})(x, y)
+    want = fn(x.double(), y.double())
+    worst = max(worst, float((got.double() - want).abs().max()))
+print(torchburn_native.gemm_backend(), worst)
+"""
+
+
+def _gemm_in_subprocess(blas: str | None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "TORCHBURN_BLAS"}
+    if blas is not None:
+        env["TORCHBURN_BLAS"] = blas
+    return subprocess.run([sys.executable, "-c", _GEMM_LAYOUTS], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_gemm_runs_on_pytorchs_mkl_or_the_crate_with_the_same_results() -> None:
+    has_mkl = sys.platform.startswith("linux") and torch.backends.mkl.is_available()
+    for blas, backend in [(None, "mkl" if has_mkl else "gemm-crate"), ("own", "gemm-crate")]:
+        out = _gemm_in_subprocess(blas)
+        assert out.returncode == 0, out.stderr
+        name, worst = out.stdout.split()
+        assert name == backend
+        assert float(worst) < 1e-4  # f32 sums of 45 products of unit normals, against f64
+    bad = _gemm_in_subprocess("openblas")
+    assert bad.returncode != 0
+    assert "TORCHBURN_BLAS must be one of torch, own, got 'openblas'" in bad.stderr
+
+
 def test_isa_is_reported_and_in_engine_listing() -> None:
     isa = torchburn_native.isa()
     assert isa in {"avx512", "avx2+fma", "x86-64 baseline (sse2)", "neon", "portable"}

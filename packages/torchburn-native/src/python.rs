@@ -477,6 +477,26 @@ fn share_openmp(addr: usize) -> PyResult<()> {
     Ok(())
 }
 
+/// Runs GEMM block products on the host's MKL; the addresses of `sgemm_`, `dgemm_` and
+/// `MKL_Set_Num_Threads_Local` (0 for one that is missing leaves its type on the `gemm` crate).
+#[pyfunction]
+fn share_host_blas(sgemm: usize, dgemm: usize, set_local_threads: usize) -> PyResult<()> {
+    if set_local_threads == 0 && (sgemm != 0 || dgemm != 0) {
+        return Err(PyValueError::new_err(
+            "MKL_Set_Num_Threads_Local is needed to keep the host BLAS on one thread per block",
+        ));
+    }
+    // SAFETY: the Python side resolves these symbols in PyTorch's own MKL, mapped for good
+    unsafe { crate::kernels::gemm::share_host_blas(sgemm, dgemm, set_local_threads) };
+    Ok(())
+}
+
+/// Which library computes GEMM block products: "mkl" or "gemm-crate".
+#[pyfunction]
+fn gemm_backend() -> &'static str {
+    crate::kernels::gemm::backend()
+}
+
 #[pyfunction]
 fn thread_pool() -> &'static str {
     crate::threads::pool_kind()
@@ -565,6 +585,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(share_openmp, m)?)?;
     m.add_function(wrap_pyfunction!(thread_pool, m)?)?;
+    m.add_function(wrap_pyfunction!(share_host_blas, m)?)?;
+    m.add_function(wrap_pyfunction!(gemm_backend, m)?)?;
     m.add_function(wrap_pyfunction!(isa, m)?)?;
     m.add_function(wrap_pyfunction!(debug_last_call, m)?)?;
     m.add_function(wrap_pyfunction!(debug_stats, m)?)?;

@@ -186,7 +186,7 @@ def info() -> None:
 
         print(
             f"native engine: ISA {torchburn_native.isa()}, {torchburn_native.num_threads()} threads, "
-            f"pool {torchburn_native.thread_pool()}"
+            f"pool {torchburn_native.thread_pool()}, GEMM on {torchburn_native.gemm_backend()}"
         )
     except ImportError:
         print("native engine: not installed (pip install torchburn)")

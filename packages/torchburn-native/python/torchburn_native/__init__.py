@@ -33,6 +33,14 @@ def thread_pool() -> str:
     return str(_native.thread_pool())
 
 
+def gemm_backend() -> str:
+    """Which library computes GEMM block products: ``mkl`` (PyTorch's own) or ``gemm-crate``."""
+    from .engine import ensure_threads
+
+    ensure_threads()
+    return str(_native.gemm_backend())
+
+
 def debug_last_call() -> dict[str, list[int]]:
     """Data pointers the last program run on this thread read (``inputs``) and wrote (``outputs``)."""
     result: dict[str, Any] = _native.debug_last_call()
@@ -52,4 +60,4 @@ def ops_table() -> list[dict[str, str]]:
     return OPS.rows()
 
 
-__all__ = ["debug_last_call", "debug_stats", "isa", "num_threads", "ops_table", "thread_pool"]
+__all__ = ["debug_last_call", "debug_stats", "gemm_backend", "isa", "num_threads", "ops_table", "thread_pool"]

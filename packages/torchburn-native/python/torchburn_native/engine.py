@@ -14,6 +14,7 @@ from torchburn.fastpaths import FAST_PATHS
 from torchburn.hookspecs import hookimpl
 
 from . import __version__, _native
+from .host_blas import requested_blas, torch_mkl
 from .lowering import OPS
 from .openmp import requested_pool, torch_gomp_parallel
 from .program import CompiledRegion
@@ -47,6 +48,10 @@ def ensure_threads() -> int:
             addr = torch_gomp_parallel()
             if addr is not None:
                 _native.share_openmp(addr)
+        if requested_blas() == "torch":
+            mkl = torch_mkl()
+            if mkl is not None:
+                _native.share_host_blas(mkl.sgemm, mkl.dgemm, mkl.set_local_threads)
         _threads_ready = True
     return int(_native.num_threads())
 

@@ -1,7 +1,15 @@
 //! Matrix multiply on the `gemm` crate (packed, cache-blocked, runtime-dispatched AVX2/AVX-512/NEON
 //! micro-kernels), with strides in elements so transposed and sliced operands need no copy.
+//!
+//! When the process already holds a vendor BLAS (PyTorch's x86 wheels carry MKL and export its Fortran
+//! `sgemm_`/`dgemm_`), the Python side may hand those over with [`share_host_blas`]: each block's
+//! product then runs on it, single-threaded, while the blocking, threading and fused epilogues stay
+//! here. On x86 MKL's micro-kernels are some 10% faster than the crate's; anywhere else (no MKL, or a
+//! layout BLAS cannot express, such as a broadcast operand with a zero stride) the crate runs.
 
+use std::ffi::{c_char, c_int};
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use gemm::Parallelism;
 
@@ -40,16 +48,176 @@ impl<T> Copy for MatMut<T> {}
 pub trait GemmScalar: Copy + Send + Sync + std::ops::Mul<Output = Self> + 'static {
     const ZERO: Self;
     const ONE: Self;
+    /// Where the shared host BLAS routine for this type lives (0: none).
+    fn host_gemm() -> &'static AtomicUsize;
 }
+
+/// Addresses of the host BLAS's `sgemm_`, `dgemm_` and `MKL_Set_Num_Threads_Local` (0: none).
+static HOST_SGEMM: AtomicUsize = AtomicUsize::new(0);
+static HOST_DGEMM: AtomicUsize = AtomicUsize::new(0);
+static HOST_SET_LOCAL_THREADS: AtomicUsize = AtomicUsize::new(0);
 
 impl GemmScalar for f32 {
     const ZERO: Self = 0.0;
     const ONE: Self = 1.0;
+    fn host_gemm() -> &'static AtomicUsize {
+        &HOST_SGEMM
+    }
 }
 
 impl GemmScalar for f64 {
     const ZERO: Self = 0.0;
     const ONE: Self = 1.0;
+    fn host_gemm() -> &'static AtomicUsize {
+        &HOST_DGEMM
+    }
+}
+
+/// The Fortran BLAS `?gemm_` (LP64): `transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc`,
+/// column-major, every argument by reference.
+type FortranGemm<T> = unsafe extern "C" fn(
+    *const c_char,
+    *const c_char,
+    *const c_int,
+    *const c_int,
+    *const c_int,
+    *const T,
+    *const T,
+    *const c_int,
+    *const T,
+    *const c_int,
+    *const T,
+    *mut T,
+    *const c_int,
+);
+
+/// MKL's C-interface `MKL_Set_Num_Threads_Local(n) -> previous` (the lowercase symbol is the Fortran
+/// one, taking a pointer); 0 restores the global setting.
+type SetLocalThreads = unsafe extern "C" fn(c_int) -> c_int;
+
+/// Runs later GEMMs' block products on the host BLAS; a zero address leaves that type on the crate.
+///
+/// # Safety
+/// Each nonzero address must be the named MKL routine (LP64 Fortran interface), loaded for the life of
+/// the process.
+pub unsafe fn share_host_blas(sgemm: usize, dgemm: usize, set_local_threads: usize) {
+    HOST_SET_LOCAL_THREADS.store(set_local_threads, Relaxed);
+    HOST_SGEMM.store(sgemm, Relaxed);
+    HOST_DGEMM.store(dgemm, Relaxed);
+}
+
+/// Which library runs the block products: "mkl" (the host's) or "gemm-crate".
+pub fn backend() -> &'static str {
+    if HOST_SGEMM.load(Relaxed) != 0 {
+        "mkl"
+    } else {
+        "gemm-crate"
+    }
+}
+
+/// A logical column-major `rows × cols` operand (element `(r, c)` at `r·rs + c·cs`) as BLAS sees it:
+/// its transpose flag and leading dimension, or `None` if no unit stride makes it expressible.
+fn blas_operand(rows: usize, cols: usize, rs: isize, cs: isize) -> Option<(u8, c_int)> {
+    let (rows_i, cols_i) = (rows as isize, cols as isize);
+    // a stride along an extent of 1 is never used, so any value fits it
+    if (rows == 1 || rs == 1) && (cols == 1 || cs >= rows_i.max(1)) {
+        let ld = if cols == 1 { rows_i.max(1) } else { cs };
+        return c_int::try_from(ld).ok().map(|ld| (b'N', ld));
+    }
+    if (cols == 1 || cs == 1) && (rows == 1 || rs >= cols_i.max(1)) {
+        let ld = if rows == 1 { cols_i.max(1) } else { rs };
+        return c_int::try_from(ld).ok().map(|ld| (b'T', ld));
+    }
+    None
+}
+
+/// `C = (accumulate ? C : 0) + alpha·A·B` on the host BLAS, on this thread alone; false (nothing done)
+/// when there is none or the layout is one BLAS cannot express.
+///
+/// # Safety
+/// As [`gemm`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn host_gemm_serial<T: GemmScalar>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat<T>,
+    b: Mat<T>,
+    c: MatMut<T>,
+    accumulate: bool,
+    alpha: T,
+) -> bool {
+    let routine = T::host_gemm().load(Relaxed);
+    let set_threads = HOST_SET_LOCAL_THREADS.load(Relaxed);
+    routine != 0 && blas_gemm(routine, set_threads, m, n, k, a, b, c, accumulate, alpha)
+}
+
+/// [`host_gemm_serial`] on the given `?gemm_` and thread setter (0: leave threads alone).
+///
+/// # Safety
+/// As [`gemm`]; `routine` must be a Fortran `?gemm_` for `T`, `set_threads` 0 or MKL's setter.
+#[allow(clippy::too_many_arguments)]
+unsafe fn blas_gemm<T: GemmScalar>(
+    routine: usize,
+    set_threads: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat<T>,
+    b: Mat<T>,
+    c: MatMut<T>,
+    accumulate: bool,
+    alpha: T,
+) -> bool {
+    let (Ok(mi), Ok(ni), Ok(ki)) = (c_int::try_from(m), c_int::try_from(n), c_int::try_from(k))
+    else {
+        return false;
+    };
+    // a row-major C is the column-major Cᵀ = Bᵀ·Aᵀ; a column-major C is itself
+    let call = if c.cs == 1 || (n == 1 && c.rs != 1) {
+        let ldc = if m == 1 { n.max(1) as isize } else { c.rs };
+        (
+            blas_operand(n, k, b.cs, b.rs),
+            blas_operand(k, m, a.cs, a.rs),
+            (ni, mi, b.ptr, a.ptr, ldc),
+        )
+    } else if c.rs == 1 {
+        let ldc = if n == 1 { m.max(1) as isize } else { c.cs };
+        (
+            blas_operand(m, k, a.rs, a.cs),
+            blas_operand(k, n, b.rs, b.cs),
+            (mi, ni, a.ptr, b.ptr, ldc),
+        )
+    } else {
+        return false;
+    };
+    let (Some((op1, ld1)), Some((op2, ld2)), (rows, cols, p1, p2, ldc)) = call else {
+        return false;
+    };
+    let Ok(ldc) = c_int::try_from(ldc) else {
+        return false;
+    };
+    if ldc < rows.max(1) {
+        return false;
+    }
+    let beta = if accumulate { T::ONE } else { T::ZERO };
+    let (op1, op2) = (op1 as c_char, op2 as c_char);
+    // SAFETY: `share_host_blas` promised these routines; the operands are valid per the caller.
+    let gemm: FortranGemm<T> = std::mem::transmute(routine);
+    // one thread: the callers here already split the work across the pool
+    let previous = if set_threads != 0 {
+        let set: SetLocalThreads = std::mem::transmute(set_threads);
+        Some((set, set(1)))
+    } else {
+        None
+    };
+    gemm(
+        &op1, &op2, &rows, &cols, &ki, &alpha, p1, &ld1, p2, &ld2, &beta, c.ptr, &ldc,
+    );
+    if let Some((set, previous)) = previous {
+        set(previous);
+    }
+    true
 }
 
 /// A hook on a block of C, given the block's rows and columns.
@@ -215,6 +383,9 @@ unsafe fn gemm_serial<T: GemmScalar>(
     accumulate: bool,
     alpha: T,
 ) {
+    if host_gemm_serial(m, n, k, a, b, c, accumulate, alpha) {
+        return;
+    }
     // gemm's convention: dst = alpha·dst + beta·lhs·rhs
     gemm::gemm(
         m,
@@ -323,6 +494,156 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A column-major reference `sgemm_` with the Fortran calling convention, standing in for MKL.
+    unsafe extern "C" fn reference_sgemm(
+        ta: *const c_char,
+        tb: *const c_char,
+        m: *const c_int,
+        n: *const c_int,
+        k: *const c_int,
+        alpha: *const f32,
+        a: *const f32,
+        lda: *const c_int,
+        b: *const f32,
+        ldb: *const c_int,
+        beta: *const f32,
+        c: *mut f32,
+        ldc: *const c_int,
+    ) {
+        let (m, n, k) = (*m as usize, *n as usize, *k as usize);
+        let (lda, ldb, ldc) = (*lda as usize, *ldb as usize, *ldc as usize);
+        let at = |i: usize, p: usize| match *ta as u8 {
+            b'N' => *a.add(i + p * lda),
+            _ => *a.add(p + i * lda),
+        };
+        let bt = |p: usize, j: usize| match *tb as u8 {
+            b'N' => *b.add(p + j * ldb),
+            _ => *b.add(j + p * ldb),
+        };
+        for j in 0..n {
+            for i in 0..m {
+                let dot: f32 = (0..k).map(|p| at(i, p) * bt(p, j)).sum();
+                let out = c.add(i + j * ldc);
+                *out = *alpha * dot + if *beta == 0.0 { 0.0 } else { *beta * *out };
+            }
+        }
+    }
+
+    unsafe extern "C" fn keep_threads(n: c_int) -> c_int {
+        n
+    }
+
+    #[test]
+    fn blas_operand_layouts() {
+        // column-major, row-major (a transpose), degenerate extents, and what BLAS cannot express
+        assert_eq!(blas_operand(4, 3, 1, 4), Some((b'N', 4)));
+        assert_eq!(blas_operand(4, 3, 3, 1), Some((b'T', 3)));
+        assert_eq!(blas_operand(4, 3, 1, 6), Some((b'N', 6)));
+        assert_eq!(blas_operand(1, 3, 9, 1), Some((b'N', 1)));
+        assert_eq!(blas_operand(4, 1, 1, 0), Some((b'N', 4)));
+        assert_eq!(blas_operand(4, 3, 0, 1), None); // broadcast rows
+        assert_eq!(blas_operand(4, 3, 2, 8), None); // no unit stride
+        assert_eq!(blas_operand(4, 3, 1, 2), None); // overlapping columns
+        assert_eq!(blas_operand(4, 3, -1, 4), None);
+    }
+
+    /// Every operand layout through the host-BLAS path (here a reference `sgemm_`), against the crate.
+    #[test]
+    fn host_blas_path_matches_the_crate_for_every_layout() {
+        let (m, n, k) = (5usize, 7usize, 3usize);
+        let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 - 3.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.5).collect();
+        // (row stride, column stride) of a row-major and a column-major copy of each matrix
+        let a_cm: Vec<f32> = (0..m * k).map(|i| a[(i % m) * k + i / m]).collect();
+        let b_cm: Vec<f32> = (0..k * n).map(|i| b[(i % k) * n + i / k]).collect();
+        let a_views = [(&a, k as isize, 1isize), (&a_cm, 1, m as isize)];
+        let b_views = [(&b, n as isize, 1isize), (&b_cm, 1, k as isize)];
+        let mut want = vec![0.0f32; m * n];
+        gemm_rowmajor(m, n, k, &a, &b, &mut want, false);
+        let (reference, threads) = (
+            reference_sgemm as *const () as usize,
+            keep_threads as *const () as usize,
+        );
+        for &(ap, ars, acs) in &a_views {
+            for &(bp, brs, bcs) in &b_views {
+                for c_row_major in [true, false] {
+                    for accumulate in [false, true] {
+                        let (crs, ccs) = if c_row_major {
+                            (n as isize, 1)
+                        } else {
+                            (1, m as isize)
+                        };
+                        let mut c = vec![1.0f32; m * n];
+                        let (a_m, b_m, c_m) = (
+                            Mat {
+                                ptr: ap.as_ptr(),
+                                rs: ars,
+                                cs: acs,
+                            },
+                            Mat {
+                                ptr: bp.as_ptr(),
+                                rs: brs,
+                                cs: bcs,
+                            },
+                            MatMut {
+                                ptr: c.as_mut_ptr(),
+                                rs: crs,
+                                cs: ccs,
+                            },
+                        );
+                        // SAFETY: every view covers its vector exactly; the reference routine is sound
+                        let ran = unsafe {
+                            blas_gemm(reference, threads, m, n, k, a_m, b_m, c_m, accumulate, 1.0)
+                        };
+                        assert!(ran);
+                        for i in 0..m {
+                            for j in 0..n {
+                                let got = c[i * crs as usize + j * ccs as usize];
+                                let expect = want[i * n + j] + if accumulate { 1.0 } else { 0.0 };
+                                assert_eq!(
+                                    got, expect,
+                                    "C[{i},{j}] a=({ars},{acs}) b=({brs},{bcs})"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // a broadcast operand is left to the crate
+        let zero_stride = Mat {
+            ptr: b.as_ptr(),
+            rs: 0,
+            cs: 1,
+        };
+        let mut c = vec![0.0f32; m * n];
+        let c_m = MatMut {
+            ptr: c.as_mut_ptr(),
+            rs: n as isize,
+            cs: 1,
+        };
+        let a_m = Mat {
+            ptr: a.as_ptr(),
+            rs: k as isize,
+            cs: 1,
+        };
+        // SAFETY: as above
+        assert!(!unsafe {
+            blas_gemm(
+                reference,
+                threads,
+                m,
+                n,
+                k,
+                a_m,
+                zero_stride,
+                c_m,
+                false,
+                1.0,
+            )
+        });
     }
 
     #[test]

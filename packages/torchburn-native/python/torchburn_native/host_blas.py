@@ -1,0 +1,68 @@
+"""Finding the MKL inside PyTorch, so the native engine's GEMMs run on the same micro-kernels as eager.
+
+PyTorch's x86 Linux wheels link MKL into ``libtorch_cpu`` and export its Fortran ``sgemm_`` and
+``dgemm_``. Handing those to the Rust side makes each block product of a GEMM an MKL call, while the
+blocking across threads, the fused bias and activation epilogues and everything around the GEMM stay
+the engine's own. Anywhere else (no MKL in the process, ``TORCHBURN_BLAS=own``) the `gemm` crate
+computes them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+
+BLAS_ENV = "TORCHBURN_BLAS"
+CHOICES = ("torch", "own")
+
+
+def requested_blas() -> str:
+    """``TORCHBURN_BLAS``: ``torch`` (default, PyTorch's MKL when it has one) or ``own`` (the gemm crate)."""
+    raw = os.environ.get(BLAS_ENV, "torch").strip().lower() or "torch"
+    if raw not in CHOICES:
+        raise ValueError(f"{BLAS_ENV} must be one of {', '.join(CHOICES)}, got {raw!r}")
+    return raw
+
+
+@dataclass(frozen=True)
+class HostBlas:
+    """Addresses of the MKL routines the engine calls."""
+
+    sgemm: int
+    dgemm: int
+    set_local_threads: int
+
+
+def _mapped(name: str) -> list[str]:
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as f:
+            fields = [line.split() for line in f]
+    except OSError:
+        return []
+    return sorted({f[-1] for f in fields if len(f) >= 6 and os.path.basename(f[-1]).startswith(name)})
+
+
+def _address(lib: ctypes.CDLL, symbol: str) -> int:
+    fn = getattr(lib, symbol, None)
+    return int(ctypes.cast(fn, ctypes.c_void_p).value or 0) if fn is not None else 0
+
+
+def torch_mkl() -> HostBlas | None:
+    """The MKL routines linked into this process's PyTorch, or None where it has no MKL."""
+    if not sys.platform.startswith("linux") or not torch.backends.mkl.is_available():  # type: ignore[no-untyped-call]
+        return None
+    for path in _mapped("libtorch_cpu"):
+        try:
+            # RTLD_NOLOAD: only the library already in the process
+            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        except OSError:
+            continue
+        found = HostBlas(_address(lib, "sgemm_"), _address(lib, "dgemm_"), _address(lib, "MKL_Set_Num_Threads_Local"))
+        # without the thread-local setting MKL would start its own team inside each of ours
+        if found.sgemm and found.set_local_threads:
+            return found
+    return None
