@@ -62,6 +62,36 @@ def test_float64_keeps_double_precision(gpu_compile: Callable[..., Any]) -> None
 
 
 @pytest.mark.parametrize(
+    ("layout", "mode"),
+    [
+        ("row-major", "const A_VEC: bool = true;|const B_MODE: u32 = 1u;"),
+        ("linear weight", "const A_VEC: bool = true;|const B_MODE: u32 = 2u;"),
+        ("odd sizes", "const A_VEC: bool = false;|const B_MODE: u32 = 0u;"),
+        ("both transposed", "const A_VEC: bool = false;|const B_MODE: u32 = 2u;"),
+    ],
+)
+def test_matmul_stages_each_operand_along_its_contiguous_dim(
+    layout: str, mode: str, gpu_compile: Callable[..., Any]
+) -> None:
+    torch.manual_seed(0)
+    m, k, n = (37, 45, 29) if layout == "odd sizes" else (136, 72, 200)
+    a, w = torch.randn(m, k), torch.randn(n, k)
+    fn = {
+        "row-major": lambda x, y: x @ y.t().contiguous(),
+        "linear weight": lambda x, y: x @ y.t(),  # nn.Linear's x @ w.t(): B contiguous along k
+        "odd sizes": lambda x, y: x @ y.t(),
+        "both transposed": lambda x, y: x.t() @ y.t(),
+    }[layout]
+    x = a.t().contiguous() if layout == "both transposed" else a
+    want = fn(x.double(), w.double()).float()
+    torch.testing.assert_close(gpu_compile(fn)(x, w), want, rtol=1e-4, atol=1e-4)
+    (plan,) = recent_regions()[-1].plans.values()
+    (launch,) = [launch for launch in plan.launches if launch.family == "matmul"]
+    for line in mode.split("|"):
+        assert line in launch.source
+
+
+@pytest.mark.parametrize(
     ("stride", "padding", "dilation", "groups"),
     [(1, 0, 1, 1), (2, 1, 1, 1), (1, 2, 2, 1), (2, 1, 1, 4), (1, 1, 1, 8)],
 )

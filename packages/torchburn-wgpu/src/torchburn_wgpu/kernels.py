@@ -114,12 +114,18 @@ def register_block(element: str, extra: str) -> dict[str, str]:
     return {"ACC_DECLARE": declare, "ACC_UPDATE": update, "ACC_STORE": store}
 
 
-def matmul_source(element: str, vec: bool) -> str:
-    """``matmul.wgsl`` for ``element`` (f32, f64 or f16: f16 accumulates in f32); ``vec``: operands read
-    as vec4 (row-major, aligned)."""
+# how ``matmul.wgsl`` stages B: element by element, vec4 along n (row-major), vec4 along k
+B_STRIDED, B_VEC_ALONG_N, B_VEC_ALONG_K = 0, 1, 2
+
+
+def matmul_source(element: str, a_vec: bool, b_mode: int) -> str:
+    """``matmul.wgsl`` for ``element`` (f32, f64 or f16: f16 accumulates in f32); ``a_vec``: A read as
+    vec4 along k (row-major, aligned); ``b_mode``: one of ``B_STRIDED``, ``B_VEC_ALONG_N``,
+    ``B_VEC_ALONG_K``."""
     acc = "f32" if element == "f16" else element
     block = register_block(acc, "wg.z, batch, {}, alpha, beta")
-    text = shaders.source("matmul", TYPE=element, ACC=acc, VEC="true" if vec else "false", **block)
+    flags = {"A_VEC": "true" if a_vec else "false", "B_MODE": str(b_mode)}
+    text = shaders.source("matmul", TYPE=element, ACC=acc, **flags, **block)
     return with_f16(text) if element == "f16" else text
 
 

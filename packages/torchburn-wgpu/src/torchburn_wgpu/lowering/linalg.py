@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ..kernels import Launch, conv_source, f32_bits, matmul_source, params
+from ..kernels import B_STRIDED, B_VEC_ALONG_K, B_VEC_ALONG_N, Launch, conv_source, f32_bits, matmul_source, params
 from ..planner import Expr, Lazy, PlanError, Planner, constant
 from ..values import WGSL_TYPES, Value, broadcast_strides
 from . import FLOATS, FxNode, lower, shape_of
@@ -70,11 +70,19 @@ def matmul(p: Planner, a: Value, b: Value, bias: Value | None, alpha: float, bet
     scale = alpha if splits == 1 else 1.0
     words += [f32_bits(scale), f32_bits(beta), chunk, splits]
     slots = [out.slot, a.slot, b.slot, (bias if fused_bias and bias is not None else a).slot, a.slot, b.slot]
-    # four at a time where both operands are row-major along the product's inner dims, every row
-    # starting on a 16-byte boundary
-    aligned = [a.offset, batch_stride(a), a.strides[-2], b.offset, batch_stride(b), b.strides[-2], k, n]
-    vec = a.strides[-1] == 1 and b.strides[-1] == 1 and all(v % 4 == 0 for v in aligned)
-    code = matmul_source(WGSL_TYPES[a.dtype], vec)
+
+    # four at a time along whichever dim an operand is contiguous in, where every run of four starts
+    # on a 16-byte boundary; element by element (through the strides) otherwise
+    def aligned(*values: int) -> bool:
+        return all(v % 4 == 0 for v in values)
+
+    a_vec = a.strides[-1] == 1 and aligned(a.offset, batch_stride(a), a.strides[-2], k)
+    b_mode = B_STRIDED
+    if b.strides[-1] == 1 and aligned(b.offset, batch_stride(b), b.strides[-2], n):
+        b_mode = B_VEC_ALONG_N
+    elif b.strides[-2] == 1 and aligned(b.offset, batch_stride(b), b.strides[-1], k):
+        b_mode = B_VEC_ALONG_K
+    code = matmul_source(WGSL_TYPES[a.dtype], a_vec, b_mode)
     p.launches.append(Launch("matmul", code, slots, params(words), (-(-n // TILE), -(-m // TILE), batch * splits)))
     if splits == 1:
         return out

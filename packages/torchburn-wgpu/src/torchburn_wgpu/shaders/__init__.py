@@ -25,7 +25,15 @@ SAMPLES: dict[str, dict[str, str]] = {
         "MATH64": "",
         "BODY": "    let v0 = in0[offset_of(0u, t)];\n    out[t] = tb_gelu_erf(v0) + tb_pow(v0, 3.0);",
     },
-    "matmul": {"TYPE": "f32", "ACC": "f32", "VEC": "true", "ACC_DECLARE": "", "ACC_UPDATE": "", "ACC_STORE": ""},
+    "matmul": {
+        "TYPE": "f32",
+        "ACC": "f32",
+        "A_VEC": "true",
+        "B_MODE": "2",
+        "ACC_DECLARE": "",
+        "ACC_UPDATE": "",
+        "ACC_STORE": "",
+    },
     "reduce": {
         "OUT_RANK": "1",
         "RED_RANK": "2",

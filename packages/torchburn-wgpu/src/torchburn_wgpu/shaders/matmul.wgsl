@@ -19,11 +19,15 @@
 @group(0) @binding(2) var<storage, read> a: array<{{TYPE}}>;
 @group(0) @binding(3) var<storage, read> b: array<{{TYPE}}>;
 @group(0) @binding(4) var<storage, read> bias: array<{{TYPE}}>;
-// the same buffers as a and b, read four elements at a time where both are row-major and aligned
+// the same buffers as a and b, read four elements at a time where they are contiguous and aligned
 @group(0) @binding(5) var<storage, read> a4: array<vec4<{{TYPE}}>>;
 @group(0) @binding(6) var<storage, read> b4: array<vec4<{{TYPE}}>>;
 
-const VEC: bool = {{VEC}};
+// how the tiles are staged (fixed per pipeline by the operands' layouts): A_VEC, A row-major and
+// aligned, read as vec4 along k; B_MODE 1: B row-major and aligned, vec4 along n; 2: B contiguous
+// along k and aligned, vec4 along k; 0: element by element through the strides
+const A_VEC: bool = {{A_VEC}};
+const B_MODE: u32 = {{B_MODE}}u;
 
 const TM: u32 = 128u;
 const TN: u32 = 128u;
@@ -66,8 +70,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let t = lid.y * 16u + lid.x;  // 0..255
 {{ACC_DECLARE}}
     for (var k0 = k_begin; k0 < K; k0 += TK) {
-        if (VEC) {
-            // two vec4 of A (along k) and two of B (along n) per thread
+        // stage 128×16 of A and 16×128 of B; consecutive threads read consecutive addresses in
+        // whichever direction the operand is contiguous, four at a time where it is aligned
+        if (A_VEC) {
+            // row-major A: two vec4 along k per thread, four threads per row
             for (var e = 0u; e < 2u; e++) {
                 let v = t + e * 256u;
                 let am = v / 4u;
@@ -80,6 +86,24 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
                 a_tile[(ak + 1u) * 33u + am / 4u][am % 4u] = av.y;
                 a_tile[(ak + 2u) * 33u + am / 4u][am % 4u] = av.z;
                 a_tile[(ak + 3u) * 33u + am / 4u][am % 4u] = av.w;
+            }
+        } else {
+            // eight elements per thread, consecutive threads on consecutive k
+            for (var e = 0u; e < 8u; e++) {
+                let idx = t + e * 256u;
+                let am = idx / TK;
+                let ak = idx % TK;
+                var av = {{ACC}}(0);
+                if (row0 + am < M && k0 + ak < K) {
+                    av = {{ACC}}(a[a_base + (row0 + am) * a_rs + (k0 + ak) * a_cs]);
+                }
+                a_tile[ak * 33u + am / 4u][am % 4u] = av;
+            }
+        }
+        if (B_MODE == 1u) {
+            // row-major B: two vec4 along n per thread
+            for (var e = 0u; e < 2u; e++) {
+                let v = t + e * 256u;
                 let bk = v / 32u;
                 let bn = (v % 32u) * 4u;
                 var bv = vec4<{{ACC}}>();
@@ -88,29 +112,36 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
                 }
                 b_tile[bk * 32u + bn / 4u] = bv;
             }
-            workgroupBarrier();
+        } else if (B_MODE == 2u) {
+            // B contiguous along k (a Linear weight read as w.t(), keys in q·kᵀ): two vec4 along k
+            // per thread, four threads per column
+            for (var e = 0u; e < 2u; e++) {
+                let v = t + e * 256u;
+                let bn = v / 4u;
+                let bk = (v % 4u) * 4u;
+                var bv = vec4<{{ACC}}>();
+                if (col0 + bn < N && k0 + bk < K) {
+                    bv = vec4<{{ACC}}>(b4[(b_base + (col0 + bn) * b_cs + k0 + bk) / 4u]);
+                }
+                b_tile[(bk + 0u) * 32u + bn / 4u][bn % 4u] = bv.x;
+                b_tile[(bk + 1u) * 32u + bn / 4u][bn % 4u] = bv.y;
+                b_tile[(bk + 2u) * 32u + bn / 4u][bn % 4u] = bv.z;
+                b_tile[(bk + 3u) * 32u + bn / 4u][bn % 4u] = bv.w;
+            }
         } else {
-        // 256 threads stage 128×16 of A and 16×128 of B: eight elements each, consecutive threads
-        // on consecutive k (A) and n (B), which is contiguous memory for row-major operands
-        for (var e = 0u; e < 8u; e++) {
-            let idx = t + e * 256u;
-            let am = idx / TK;
-            let ak = idx % TK;
-            var av = {{ACC}}(0);
-            if (row0 + am < M && k0 + ak < K) {
-                av = {{ACC}}(a[a_base + (row0 + am) * a_rs + (k0 + ak) * a_cs]);
+            // eight elements per thread, consecutive threads on consecutive n
+            for (var e = 0u; e < 8u; e++) {
+                let idx = t + e * 256u;
+                let bk = idx / TN;
+                let bn = idx % TN;
+                var bv = {{ACC}}(0);
+                if (k0 + bk < K && col0 + bn < N) {
+                    bv = {{ACC}}(b[b_base + (k0 + bk) * b_rs + (col0 + bn) * b_cs]);
+                }
+                b_tile[bk * 32u + bn / 4u][bn % 4u] = bv;
             }
-            a_tile[ak * 33u + am / 4u][am % 4u] = av;
-            let bk = idx / TN;
-            let bn = idx % TN;
-            var bv = {{ACC}}(0);
-            if (k0 + bk < K && col0 + bn < N) {
-                bv = {{ACC}}(b[b_base + (k0 + bk) * b_rs + (col0 + bn) * b_cs]);
-            }
-            b_tile[bk * 32u + bn / 4u][bn % 4u] = bv;
         }
         workgroupBarrier();
-        }
         for (var kk = 0u; kk < TK; kk++) {
 {{ACC_UPDATE}}
         }
