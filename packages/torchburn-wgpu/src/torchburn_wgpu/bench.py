@@ -204,7 +204,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in derived(results, bandwidth):
         print(line)
     if args.json:
-        meta = {"adapter": device.name, "driver": info.get("description"), "cuda": torch.cuda.get_device_name()}
+        import wgpu
+
+        meta = {
+            "adapter": device.name,
+            "driver": info.get("description"),
+            "cuda": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "wgpu": wgpu.__version__,
+        }
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"meta": meta, "copy_bandwidth": bandwidth, "results": results}, f, indent=1)
     return 0 if all(r["ok"] for r in results) else 1
