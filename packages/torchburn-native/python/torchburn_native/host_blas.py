@@ -16,16 +16,14 @@ from dataclasses import dataclass
 
 import torch
 
+from .host_libs import mapped_libraries, torch_or_own
+
 BLAS_ENV = "TORCHBURN_BLAS"
-CHOICES = ("torch", "own")
 
 
 def requested_blas() -> str:
     """``TORCHBURN_BLAS``: ``torch`` (default, PyTorch's MKL when it has one) or ``own`` (the gemm crate)."""
-    raw = os.environ.get(BLAS_ENV, "torch").strip().lower() or "torch"
-    if raw not in CHOICES:
-        raise ValueError(f"{BLAS_ENV} must be one of {', '.join(CHOICES)}, got {raw!r}")
-    return raw
+    return torch_or_own(BLAS_ENV)
 
 
 @dataclass(frozen=True)
@@ -37,15 +35,6 @@ class HostBlas:
     set_local_threads: int
 
 
-def _mapped(name: str) -> list[str]:
-    try:
-        with open("/proc/self/maps", encoding="utf-8") as f:
-            fields = [line.split() for line in f]
-    except OSError:
-        return []
-    return sorted({f[-1] for f in fields if len(f) >= 6 and os.path.basename(f[-1]).startswith(name)})
-
-
 def _address(lib: ctypes.CDLL, symbol: str) -> int:
     fn = getattr(lib, symbol, None)
     return int(ctypes.cast(fn, ctypes.c_void_p).value or 0) if fn is not None else 0
@@ -55,7 +44,7 @@ def torch_mkl() -> HostBlas | None:
     """The MKL routines linked into this process's PyTorch, or None where it has no MKL."""
     if not sys.platform.startswith("linux") or not torch.backends.mkl.is_available():  # type: ignore[no-untyped-call]
         return None
-    for path in _mapped("libtorch_cpu"):
+    for path in mapped_libraries("libtorch_cpu"):
         try:
             # RTLD_NOLOAD: only the library already in the process
             lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)

@@ -14,32 +14,21 @@ import sys
 
 import torch
 
+from .host_libs import mapped_libraries, torch_or_own
+
 POOL_ENV = "TORCHBURN_THREAD_POOL"
-POOLS = ("torch", "own")
 
 
 def requested_pool() -> str:
     """``TORCHBURN_THREAD_POOL``: ``torch`` (default, share PyTorch's OpenMP team) or ``own``."""
-    raw = os.environ.get(POOL_ENV, "torch").strip().lower() or "torch"
-    if raw not in POOLS:
-        raise ValueError(f"{POOL_ENV} must be one of {', '.join(POOLS)}, got {raw!r}")
-    return raw
-
-
-def _mapped_libgomp() -> list[str]:
-    try:
-        with open("/proc/self/maps", encoding="utf-8") as f:
-            fields = [line.split() for line in f]
-    except OSError:
-        return []
-    return sorted({f[-1] for f in fields if len(f) >= 6 and "libgomp" in os.path.basename(f[-1])})
+    return torch_or_own(POOL_ENV)
 
 
 def torch_gomp_parallel() -> int | None:
     """The address of ``GOMP_parallel`` in the libgomp PyTorch runs on, or None if it runs on none."""
     if not sys.platform.startswith("linux") or "OpenMP" not in torch.__config__.parallel_info():
         return None
-    for path in _mapped_libgomp():
+    for path in mapped_libraries("libgomp"):
         try:
             # RTLD_NOLOAD: only a library already in the process (the very one PyTorch uses)
             lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)

@@ -131,31 +131,12 @@ fn blas_operand(rows: usize, cols: usize, rs: isize, cs: isize) -> Option<(u8, c
     None
 }
 
-/// `C = (accumulate ? C : 0) + alpha·A·B` on the host BLAS, on this thread alone; false (nothing done)
-/// when there is none or the layout is one BLAS cannot express.
+/// `C = (accumulate ? C : 0) + alpha·A·B` through the Fortran `?gemm_` at `routine`, on this thread
+/// alone (`set_threads`, MKL's thread setter, or 0 to leave threads alone); false (nothing done) when
+/// `routine` is 0 or the layout is one BLAS cannot express.
 ///
 /// # Safety
-/// As [`gemm`].
-#[allow(clippy::too_many_arguments)]
-unsafe fn host_gemm_serial<T: GemmScalar>(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: Mat<T>,
-    b: Mat<T>,
-    c: MatMut<T>,
-    accumulate: bool,
-    alpha: T,
-) -> bool {
-    let routine = T::host_gemm().load(Relaxed);
-    let set_threads = HOST_SET_LOCAL_THREADS.load(Relaxed);
-    routine != 0 && blas_gemm(routine, set_threads, m, n, k, a, b, c, accumulate, alpha)
-}
-
-/// [`host_gemm_serial`] on the given `?gemm_` and thread setter (0: leave threads alone).
-///
-/// # Safety
-/// As [`gemm`]; `routine` must be a Fortran `?gemm_` for `T`, `set_threads` 0 or MKL's setter.
+/// As [`gemm`]; `routine` must be 0 or a Fortran `?gemm_` for `T`, `set_threads` 0 or MKL's setter.
 #[allow(clippy::too_many_arguments)]
 unsafe fn blas_gemm<T: GemmScalar>(
     routine: usize,
@@ -169,6 +150,9 @@ unsafe fn blas_gemm<T: GemmScalar>(
     accumulate: bool,
     alpha: T,
 ) -> bool {
+    if routine == 0 {
+        return false;
+    }
     let (Ok(mi), Ok(ni), Ok(ki)) = (c_int::try_from(m), c_int::try_from(n), c_int::try_from(k))
     else {
         return false;
@@ -383,7 +367,11 @@ unsafe fn gemm_serial<T: GemmScalar>(
     accumulate: bool,
     alpha: T,
 ) {
-    if host_gemm_serial(m, n, k, a, b, c, accumulate, alpha) {
+    let (host, set_threads) = (
+        T::host_gemm().load(Relaxed),
+        HOST_SET_LOCAL_THREADS.load(Relaxed),
+    );
+    if blas_gemm(host, set_threads, m, n, k, a, b, c, accumulate, alpha) {
         return;
     }
     // gemm's convention: dst = alpha·dst + beta·lhs·rhs
