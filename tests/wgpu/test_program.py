@@ -60,6 +60,28 @@ def test_an_elementwise_chain_is_one_kernel(
     assert_gpu_ran(5)
 
 
+def test_a_reshape_between_elementwise_ops_keeps_them_one_kernel(gpu_compile: Callable[..., Any]) -> None:
+    torch.manual_seed(0)
+    ffn = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64)).eval()
+
+    def block(x: torch.Tensor) -> torch.Tensor:
+        # the second Linear splits k; its sum and bias are reshaped to [4, 32, 64] and meet the residual
+        return ffn(x) + x
+
+    def chain(x: torch.Tensor) -> torch.Tensor:
+        return (torch.sin(x) * 2).reshape(6, 5, 7).unsqueeze(0).squeeze(0).exp() + 1
+
+    x = torch.randn(4, 32, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(gpu_compile(block)(x), block(x), rtol=1e-4, atol=1e-5)
+    (plan,) = recent_regions()[-1].plans.values()
+    assert [launch.family for launch in plan.launches] == ["matmul", "elementwise", "matmul", "elementwise"]
+    y = torch.randn(30, 7)
+    torch.testing.assert_close(gpu_compile(chain)(y), chain(y), rtol=1e-5, atol=1e-5)
+    (plan,) = recent_regions()[-1].plans.values()
+    assert [launch.family for launch in plan.launches] == ["elementwise"]
+
+
 def test_intermediates_share_buffers(gpu_compile: Callable[..., Any]) -> None:
     torch.manual_seed(1)
     layers = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.Tanh()) for _ in range(6)]).eval()

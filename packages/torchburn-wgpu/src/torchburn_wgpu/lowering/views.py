@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..planner import Lazy, Planner, constant
+from ..planner import Expr, Lazy, Planner, constant
 from ..values import KINDS, Value
 from . import ALL, FxNode, lower, shape_of
 
@@ -41,8 +41,54 @@ def _layout(x: Value, result: Any) -> Any:
     return x.with_layout(result)
 
 
+# views that keep every element at its row-major position: a fused elementwise result passes through
+# them unmaterialized (a Linear's split-k sum and bias, reshaped back to [batch, tokens, features],
+# then meeting the residual add, stays one kernel)
+ORDER_KEEPING = {
+    aten.view.default,
+    aten._unsafe_view.default,
+    aten.reshape.default,
+    aten.unsqueeze.default,
+    aten.squeeze.dim,
+    aten.squeeze.dims,
+    aten.squeeze.default,
+    aten.alias.default,
+}
+
+
+def _reshaped(lazy: Lazy, node: FxNode, args: list[Any]) -> Lazy | None:
+    """``lazy`` seen through the order-keeping view ``node``: every load re-strided to the new shape
+    (the output's linear index, which templates may use, is unchanged); None where a load's strides
+    cannot express it."""
+
+    def view(t: torch.Tensor) -> torch.Tensor:
+        return node.target(t, *args[1:], **node.kwargs)  # type: ignore[no-any-return]
+
+    shape = tuple(view(torch.empty(lazy.shape, dtype=lazy.dtype, device="meta")).shape)
+    done: dict[int, Expr] = {}
+
+    def walk(e: Expr) -> Expr:
+        if id(e) not in done:
+            if e.leaf is not None:
+                if e.leaf.shape != lazy.shape:
+                    raise RuntimeError("a load laid out over another shape")
+                done[id(e)] = Expr(e.kind, e.template, (), e.leaf.with_layout(view(e.leaf.meta())))
+            else:
+                done[id(e)] = Expr(e.kind, e.template, tuple(walk(a) for a in e.args))
+        return done[id(e)]
+
+    try:
+        return Lazy(walk(lazy.expr), lazy.dtype, shape)
+    except RuntimeError:
+        return None
+
+
 @lower(VIEWS, family="view", dtypes=ALL)
 def _view(p: Planner, node: FxNode, args: list[Any], out: Any) -> Any:
+    if isinstance(args[0], Lazy) and node.target in ORDER_KEEPING:
+        reshaped = _reshaped(args[0], node, args)
+        if reshaped is not None:
+            return reshaped
     x = p.materialize(args[0])
     try:
         return _layout(x, node.target(x.meta(), *args[1:], **node.kwargs))
