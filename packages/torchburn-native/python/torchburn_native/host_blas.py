@@ -9,14 +9,12 @@ computes them.
 
 from __future__ import annotations
 
-import ctypes
-import os
 import sys
 from dataclasses import dataclass
 
 import torch
 
-from .host_libs import mapped_libraries, torch_or_own
+from .host_libs import loaded_libraries, symbol_address, torch_or_own
 
 BLAS_ENV = "TORCHBURN_BLAS"
 
@@ -35,22 +33,12 @@ class HostBlas:
     set_local_threads: int
 
 
-def _address(lib: ctypes.CDLL, symbol: str) -> int:
-    fn = getattr(lib, symbol, None)
-    return int(ctypes.cast(fn, ctypes.c_void_p).value or 0) if fn is not None else 0
-
-
 def torch_mkl() -> HostBlas | None:
     """The MKL routines linked into this process's PyTorch, or None where it has no MKL."""
     if not sys.platform.startswith("linux") or not torch.backends.mkl.is_available():  # type: ignore[no-untyped-call]
         return None
-    for path in mapped_libraries("libtorch_cpu"):
-        try:
-            # RTLD_NOLOAD: only the library already in the process
-            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-        except OSError:
-            continue
-        found = HostBlas(_address(lib, "sgemm_"), _address(lib, "dgemm_"), _address(lib, "MKL_Set_Num_Threads_Local"))
+    for lib in loaded_libraries("libtorch_cpu"):
+        found = HostBlas(*(symbol_address(lib, s) for s in ("sgemm_", "dgemm_", "MKL_Set_Num_Threads_Local")))
         # without the thread-local setting MKL would start its own team inside each of ours
         if found.sgemm and found.set_local_threads:
             return found

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+from collections.abc import Iterator
 
 
 def torch_or_own(variable: str) -> str:
@@ -22,3 +24,19 @@ def mapped_libraries(name: str) -> list[str]:
     except OSError:
         return []
     return sorted({f[-1] for f in fields if len(f) >= 6 and name in os.path.basename(f[-1])})
+
+
+def loaded_libraries(name: str) -> Iterator[ctypes.CDLL]:
+    """Handles on the mapped libraries named like ``name``, opened with ``RTLD_NOLOAD``: only what the
+    process already holds (the very copy PyTorch uses), never a fresh load."""
+    for path in mapped_libraries(name):
+        try:
+            yield ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        except OSError:
+            continue
+
+
+def symbol_address(lib: ctypes.CDLL, symbol: str) -> int:
+    """The address of ``symbol`` in ``lib``, or 0 where it has none."""
+    fn = getattr(lib, symbol, None)
+    return int(ctypes.cast(fn, ctypes.c_void_p).value or 0) if fn is not None else 0

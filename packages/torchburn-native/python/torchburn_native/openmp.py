@@ -8,13 +8,11 @@ libgomp mapped, another backend, ``TORCHBURN_THREAD_POOL=own``) the Rust side ke
 
 from __future__ import annotations
 
-import ctypes
-import os
 import sys
 
 import torch
 
-from .host_libs import mapped_libraries, torch_or_own
+from .host_libs import loaded_libraries, symbol_address, torch_or_own
 
 POOL_ENV = "TORCHBURN_THREAD_POOL"
 
@@ -28,15 +26,8 @@ def torch_gomp_parallel() -> int | None:
     """The address of ``GOMP_parallel`` in the libgomp PyTorch runs on, or None if it runs on none."""
     if not sys.platform.startswith("linux") or "OpenMP" not in torch.__config__.parallel_info():
         return None
-    for path in mapped_libraries("libgomp"):
-        try:
-            # RTLD_NOLOAD: only a library already in the process (the very one PyTorch uses)
-            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-        except OSError:
-            continue
-        fn = getattr(lib, "GOMP_parallel", None)
-        if fn is not None:
-            addr = ctypes.cast(fn, ctypes.c_void_p).value
-            if addr:
-                return int(addr)
+    for lib in loaded_libraries("libgomp"):
+        addr = symbol_address(lib, "GOMP_parallel")
+        if addr:
+            return addr
     return None
