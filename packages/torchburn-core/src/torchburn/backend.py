@@ -38,21 +38,10 @@ def torchburn_backend(
         compiled = partition_and_compile(aten_gm, engine, opts)
         program = whole_graph_program(compiled)
         if program is not None:
-
-            def run_program(args: list[Any]) -> Any:
-                return program(*args)
-
-            run_program._boxed_call = True  # type: ignore[attr-defined]
-            return run_program
+            return program
         if isinstance(compiled, _LazyGraphModule):
             # generate the code now: a lazy module's forward would re-enter nn.Module.__call__ on every call
             compiled.real_recompile()
-        forward = compiled.forward
-
-        def run(args: list[Any]) -> Any:
-            return forward(*args)
-
-        run._boxed_call = True  # type: ignore[attr-defined]  # AOTAutograd passes the argument list as is
-        return run
+        return compiled.forward
 
     return lower(gm, example_inputs, engine, compile_graph)
