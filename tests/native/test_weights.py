@@ -1,12 +1,14 @@
-"""GEMM weights read through a cached row-major copy (``x @ w.t()``, as Linear does).
+"""GEMM weights read as ``w.t()`` (as Linear does): in place by BLAS, or through a cached row-major copy
+on the `gemm` crate path.
 
 The copy is made once per version of the weight; these tests prove that every way of changing a weight
-(in place, ``.data =``, a new tensor) is seen on the next call, and that an unchanged weight is not
-copied again.
+(in place, ``.data =``, a new tensor) is seen on the next call on both paths, and that an unchanged
+weight is not copied again.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -42,7 +44,12 @@ def test_weight_changes_are_seen_and_unchanged_weights_are_not_recopied(
     check()
     region = recent_regions()[-1]
     copies = [e.copy for entries in region._derived.values() for e in entries if e is not None]
-    assert len(copies) == 2, "both Linear weights should be read from row-major copies"
+    from torchburn_native import gemm_backend
+
+    if gemm_backend() == "mkl":
+        assert copies == [], "BLAS reads a transposed weight in place"
+    else:
+        assert len(copies) == 2, "both Linear weights should be read from row-major copies"
     check()
     again = [e.copy for entries in region._derived.values() for e in entries if e is not None]
     assert all(a is b for a, b in zip(copies, again, strict=True)), "an unchanged weight was copied again"
@@ -55,3 +62,33 @@ def test_weight_changes_are_seen_and_unchanged_weights_are_not_recopied(
     model[0].weight = nn.Parameter(torch.randn(512, 256))  # another tensor altogether
     check()
     assert_engine_ran()
+
+
+def test_the_crate_path_keeps_weight_copies_current(engine_name: str) -> None:
+    """The same checks with the `gemm` crate, which reads weights through the cached copies."""
+    if engine_name != "native":
+        pytest.skip("native-only API")
+    from helpers import run_python
+
+    test_file = os.path.abspath(__file__)
+    proc = run_python(
+        f"""
+        import sys, torch, torchburn
+        sys.path.insert(0, {os.path.dirname(os.path.dirname(test_file))!r})
+        from helpers import assert_engine_ran
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("weights_test", {test_file!r})
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        compile_engine = lambda fn: torch.compile(
+            fn, backend="torchburn", options={{"engine": "native", "fallback": "error"}}
+        )
+        module.test_weight_changes_are_seen_and_unchanged_weights_are_not_recopied(
+            "native", compile_engine, lambda: assert_engine_ran("native")
+        )
+        import torchburn_native
+        print(torchburn_native.gemm_backend())
+        """,
+        env={"TORCHBURN_BLAS": "own"},
+    )
+    assert proc.stdout.split()[-1] == "gemm-crate"

@@ -44,10 +44,15 @@ ROW_MAJOR_COPY_MIN = 1 << 14
 
 def _weight_layout(p: Planner, v: Value) -> Value:
     """A column-major 2-D region input (``x @ w.t()``, as Linear does) read from a cached row-major copy:
-    the GEMM kernel would otherwise gather it element by element into its packed layout on every call.
+    the `gemm` crate would otherwise gather it element by element into its packed layout on every call.
+    BLAS reads it transposed at full speed, so with MKL it is read in place: no copy to keep, and the
+    region stays on the all-Rust call path (a cached copy needs a Python check of its source per call).
     """
+    from .. import gemm_backend
+
     if (
-        v.buffer.kind == "in"
+        not (gemm_backend() == "mkl" and v.dtype in (torch.float32, torch.float64))
+        and v.buffer.kind == "in"
         and v.rank == 2
         and v.strides[0] == 1
         and v.strides[1] == v.shape[0]
