@@ -47,6 +47,24 @@ def test_parameters_upload_once_and_again_only_when_changed(gpu_compile: Callabl
         assert plan.uploads == first + 2
 
 
+def test_each_call_submits_the_commands_recorded_during_the_last(gpu_compile: Callable[..., Any]) -> None:
+    """From the third call on, a call submits a command buffer recorded while the GPU ran the previous
+    one; inputs written between the calls (new tensors, in-place changes, new weights) still count."""
+    model = _mlp()
+    with torch.no_grad():
+        fast = gpu_compile(model)
+        xs = [torch.randn(8, 512) for _ in range(4)]
+        torch.testing.assert_close(fast(xs[0]), model(xs[0]), rtol=1e-4, atol=1e-4)
+        (plan,) = recent_regions()[-1].plans.values()
+        for step, x in enumerate(xs[1:] * 2):
+            if step == 3:
+                x.mul_(-1.5)  # in place, after an earlier call uploaded it
+            if step == 4:
+                model[2].weight.add_(0.25)
+            torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-4)
+            assert plan._recorded[0] is not None  # the next call's commands, ready before it comes
+
+
 def test_an_elementwise_chain_is_one_kernel(
     gpu_compile: Callable[..., Any], assert_gpu_ran: Callable[..., None]
 ) -> None:

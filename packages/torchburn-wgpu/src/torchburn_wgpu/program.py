@@ -178,6 +178,9 @@ class Plan:
         # a run through them has validated the sequence (see _submit_raw)
         self.raw_passes = [(p._internal, g._internal, n) for p, g, n in self.passes]
         self.validated = False
+        # the next call's command buffer, recorded during this call's GPU work (see run)
+        self._recorded: list[Any] = [None]
+        weakref.finalize(self, _release_recorded, self._recorded)
         self.staging_bytes = max(staging, 4)
         # a word to read back when only waiting for the queue (benchmarks)
         self.staging_probe = gpu.device.create_buffer(size=4, usage=wgpu.BufferUsage.COPY_SRC)
@@ -266,7 +269,12 @@ class Plan:
             queue.write_buffer(self.buffers[self.error_slot], 0, b"\0\0\0\0")
         try:
             if self.validated and _raw_library() is not None:
-                _submit_raw(gpu, self.raw_passes, self.copies, self.staging)
+                commands = self._recorded[0] or _record_raw(gpu, self.raw_passes, self.copies, self.staging)
+                self._recorded[0] = None
+                _submit_raw(gpu, commands)
+                # the next call runs the same dispatches over the same buffers: record its commands
+                # now, while the GPU works through these, instead of before its own submission
+                self._recorded[0] = _record_raw(gpu, self.raw_passes, self.copies, self.staging)
                 raw = _read_raw(gpu, self.staging, self.staging_bytes)
             else:
                 encoder = gpu.device.create_command_encoder()
@@ -383,13 +391,13 @@ def _raw_library() -> Any:
         return None
 
 
-def _submit_raw(
+def _record_raw(
     gpu: Gpu, passes: list[tuple[Any, Any, tuple[int, int, int]]], copies: list[tuple[Any, int, int]], staging: Any
-) -> None:
-    """Records a region's dispatches and readback copies and submits them, all through wgpu-native's
+) -> Any:
+    """A command buffer with a region's dispatches and readback copies, recorded through wgpu-native's
     C calls: through wgpu-py's objects the encoder, pass, copies, finish and submit cost about 0.25 ms
-    a run on an H200 host, half of a transformer layer's GPU time. The handles made here are released
-    here; the descriptors are empty (no labels), which the C API takes as null."""
+    a run on an H200 host, half of a transformer layer's GPU time. The descriptors are empty (no
+    labels), which the C API takes as null. The caller owns the returned handle (see `_submit_raw`)."""
     lib, ffi = _raw_library()
     encoder = lib.wgpuDeviceCreateCommandEncoder(gpu.device._internal, ffi.NULL)
     try:
@@ -405,13 +413,26 @@ def _submit_raw(
         target = staging._internal
         for source, offset, nbytes in copies:
             lib.wgpuCommandEncoderCopyBufferToBuffer(encoder, source._internal, 0, target, offset, nbytes)
-        commands = lib.wgpuCommandEncoderFinish(encoder, ffi.NULL)
+        return lib.wgpuCommandEncoderFinish(encoder, ffi.NULL)
     finally:
         lib.wgpuCommandEncoderRelease(encoder)
+
+
+def _submit_raw(gpu: Gpu, commands: Any) -> None:
+    """Submits a command buffer from `_record_raw` and releases it."""
+    lib, ffi = _raw_library()
     try:
         lib.wgpuQueueSubmit(gpu.device.queue._internal, 1, ffi.new("WGPUCommandBuffer[1]", [commands]))
     finally:
         lib.wgpuCommandBufferRelease(commands)
+
+
+def _release_recorded(cell: list[Any]) -> None:
+    """Releases a plan's command buffer recorded ahead that no call submitted."""
+    if cell[0] is not None and _raw_library() is not None:
+        lib, _ = _raw_library()
+        lib.wgpuCommandBufferRelease(cell[0])
+        cell[0] = None
 
 
 # the status each raw read mapping ended with, by request number (see `_read_raw`)
