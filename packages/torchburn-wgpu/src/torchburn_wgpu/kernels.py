@@ -162,18 +162,20 @@ def softmax_source(outer_rank: int, log: bool, length: int) -> str:
         "        partial[lid] = select(m, bitcast<f32>(0x7fc00000u), saw_nan);",
         "        let row_max = tree(lid, true);",
     ]
+    # each exponential is computed once and kept; the outputs take one reciprocal of the sum
     lines += ["        var s = 0.0;"]
-    lines += [f"        if (j{r} < n) {{ s += exp(v{r} - row_max); }}" for r in range(per_thread)]
+    for r in range(per_thread):
+        lines += [f"        var e{r} = 0.0;", f"        if (j{r} < n) {{ e{r} = exp(v{r} - row_max); s += e{r}; }}"]
     lines += [
         "        partial[lid] = s;",
         "        let total = tree(lid, false);",
         "        let log_total = log(total);",
+        "        let inverse = 1.0 / total;",
     ]
     for r in range(per_thread):
         lines += [
             f"        if (j{r} < n) {{",
-            f"            let shifted = v{r} - row_max;",
-            f"            out[out_base + j{r} * out_stride] = select(exp(shifted) / total, shifted - log_total, LOG);",
+            f"            out[out_base + j{r} * out_stride] = select(e{r} * inverse, v{r} - row_max - log_total, LOG);",
             "        }",
         ]
     return shaders.source("softmax", IN_REGISTERS="true", IN_REGISTERS_BODY="\n".join(lines), **fills)
