@@ -438,9 +438,9 @@ def _submit_raw(gpu: Gpu, commands: Any) -> None:
 
 def _release_recorded(cell: list[Any]) -> None:
     """Releases a plan's command buffer recorded ahead that no call submitted."""
-    if cell[0] is not None and _raw_library() is not None:
-        lib, _ = _raw_library()
-        lib.wgpuCommandBufferRelease(cell[0])
+    raw = _raw_library()
+    if cell[0] is not None and raw is not None:
+        raw[0].wgpuCommandBufferRelease(cell[0])
         cell[0] = None
 
 
