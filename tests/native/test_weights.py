@@ -1,5 +1,7 @@
-"""GEMM weights read as ``w.t()`` (as Linear does): in place by BLAS, or through a cached row-major copy
-on the `gemm` crate path.
+"""GEMM weights read as ``w.t()`` (as Linear does) go through a cached row-major copy: the `gemm` crate
+would gather such an operand element by element on every call, and MKL packs a row-major block faster
+than a transposed one (with MKL, a GEMM that splits its columns between threads reads the copy in one
+panel per thread).
 
 The copy is made once per version of the weight; these tests prove that every way of changing a weight
 (in place, ``.data =``, a new tensor) is seen on the next call on both paths, and that an unchanged
@@ -44,12 +46,18 @@ def test_weight_changes_are_seen_and_unchanged_weights_are_not_recopied(
     check()
     region = recent_regions()[-1]
     copies = [e.copy for entries in region._derived.values() for e in entries if e is not None]
+    import torchburn_native
     from torchburn_native import gemm_backend
 
-    if gemm_backend() == "mkl":
-        assert copies == [], "BLAS reads a transposed weight in place"
-    else:
-        assert len(copies) == 2, "both Linear weights should be read from row-major copies"
+    assert len(copies) == 2, "both Linear weights should be read from row-major copies"
+    # the first GEMM (8x256 @ 256x512) splits its 512 columns between threads: with MKL and two or more
+    # threads its copy is [panels, 256, P]; the second (8x512 @ 512x128) is too small to split
+    threads = torchburn_native.num_threads()
+    paneled = gemm_backend() == "mkl" and threads > 1
+    first = -(-512 // threads)
+    panel = -(-first // 16) * 16
+    assert tuple(copies[0].shape) == ((-(-512 // panel), 256, panel) if paneled else (256, 512))
+    assert tuple(copies[1].shape) == (512, 128)
     check()
     again = [e.copy for entries in region._derived.values() for e in entries if e is not None]
     assert all(a is b for a, b in zip(copies, again, strict=True)), "an unchanged weight was copied again"
@@ -91,3 +99,17 @@ def test_the_crate_path_keeps_weight_copies_current() -> None:
         env={"TORCHBURN_BLAS": "own"},
     )
     assert proc.stdout.split()[-1] == "gemm-crate"
+
+
+@pytest.mark.parametrize("out_features", [500, 17 * 64 + 3])
+def test_a_weight_split_in_panels_with_a_short_last_one(
+    engine_name: str, compile_engine: Compile, assert_engine_ran: Ran, out_features: int
+) -> None:
+    """Column counts that leave the last panel short (zero-padded in the copy) give eager's values."""
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(384, out_features), nn.GELU()).eval()
+    x = torch.randn(24, 384)
+    fast = compile_engine(model)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-4)
+    assert_engine_ran()

@@ -116,6 +116,13 @@ pub enum Instr {
         #[serde(deserialize_with = "de_f64")]
         beta: f64,
         act: Option<UnaryFn>,
+        /// 0: `b` is the strided view its operand describes. P > 0: `b` is a copy laid out in panels
+        /// of P columns, each a contiguous row-major `rows × P` block (the last zero-padded), panel q
+        /// at element `q·rows·P` past the operand's offset; the operand's strides are `(0, P, 1)`.
+        /// MKL packs a contiguous row-major block faster than a transposed one (`nn.Linear`'s
+        /// `x @ w.t()`), and a panel per thread hands each thread one such block.
+        #[serde(default)]
+        b_panel: usize,
     },
     /// Reduce the trailing `input.shape.len() - kept` dims of `input` into the contiguous `out`.
     Reduce {

@@ -149,7 +149,12 @@ impl Program {
                     elementwise::validate(code, *nregs, inputs.len(), outputs.len())?;
                 }
                 Instr::Matmul {
-                    a, b, out, bias, ..
+                    a,
+                    b,
+                    out,
+                    bias,
+                    b_panel,
+                    ..
                 } => {
                     for op in [a, b, out].into_iter().chain(bias) {
                         chk(op)?;
@@ -168,6 +173,18 @@ impl Program {
                     }
                     if a.shape[0] != out.shape[0] || b.shape[0] != out.shape[0] {
                         return Err("matmul batch sizes do not agree".into());
+                    }
+                    if *b_panel > 0 {
+                        let (rows, cols, width) = (b.shape[1], b.shape[2], *b_panel as isize);
+                        if b.strides != [0, width, 1] {
+                            return Err("a paneled matmul operand has strides (0, panel, 1)".into());
+                        }
+                        // the panels as they lie: [panels, rows, P], the last one padded
+                        chk(&Operand {
+                            shape: vec![cols.div_ceil(*b_panel), rows, *b_panel],
+                            strides: vec![rows as isize * width, width, 1],
+                            ..b.clone()
+                        })?;
                     }
                 }
                 Instr::Reduce {
@@ -524,6 +541,7 @@ unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
     f: &Frame<'_>,
     a: &Operand,
     b: &Operand,
+    b_panel: usize,
     out: &Operand,
     bias: Option<&Operand>,
     alpha: T,
@@ -598,6 +616,7 @@ unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
             bias.is_some(),
             alpha,
             parallel,
+            b_panel,
             hooks,
         )
     };
@@ -644,14 +663,18 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
             alpha,
             beta,
             act,
+            b_panel,
         } => {
             if act.is_some() && !out.is_contiguous() {
                 return Err("matmul epilogue needs a contiguous output".into());
             }
             let bias = bias.as_ref();
             match out.dtype {
-                DType::F64 => matmul::<f64>(f, a, b, out, bias, *alpha, *beta, *act),
-                _ => matmul::<f32>(f, a, b, out, bias, *alpha as f32, *beta as f32, *act),
+                DType::F64 => matmul::<f64>(f, a, b, *b_panel, out, bias, *alpha, *beta, *act),
+                _ => {
+                    let (alpha, beta) = (*alpha as f32, *beta as f32);
+                    matmul::<f32>(f, a, b, *b_panel, out, bias, alpha, beta, *act)
+                }
             }
         }
         Instr::Reduce {

@@ -69,6 +69,16 @@ class DerivedInput:
     shape: tuple[int, ...]
     strides: tuple[int, ...]
     offset: int
+    # 0: one row-major copy; P > 0 (2-D only): panels of P columns, each a contiguous row-major
+    # ``rows × P`` block, the last zero-padded (the ``b_panel`` layout of a matmul instruction)
+    panel: int = 0
+
+    @property
+    def numel(self) -> int:
+        if self.panel:
+            rows, cols = self.shape
+            return -(-cols // self.panel) * rows * self.panel
+        return math.prod(self.shape)
 
 
 def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
@@ -285,19 +295,23 @@ class Planner:
         self.env[node] = Value(buf, t.dtype, tuple(t.shape), tuple(t.stride()), 0)
         self.meta_env[node] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
-    def row_major_copy(self, v: Value) -> Value:
+    def row_major_copy(self, v: Value, panel: int = 0) -> Value:
         """A row-major copy of the region input that ``v`` views, made by the caller once per version of
         that tensor (a Linear weight read as ``w.t()`` is column-major: a GEMM would repack it every call).
+        With ``panel`` P (2-D ``v``), the copy is laid out in panels of P columns (see ``DerivedInput``);
+        the value's strides are then those within a panel, ``(P, 1)``, and only a matmul instruction
+        told ``b_panel`` P may read it.
         """
-        spec = DerivedInput(v.buffer.index, v.shape, v.strides, v.offset)
+        spec = DerivedInput(v.buffer.index, v.shape, v.strides, v.offset, panel)
+        nbytes = max(spec.numel, 1) * _itemsize(v.dtype)
         if spec in self.derived:
             index = len(self.in_bytes) - len(self.derived) + self.derived.index(spec)
-            buf = Buffer("in", index, max(v.numel, 1) * _itemsize(v.dtype))
+            buf = Buffer("in", index, nbytes)
         else:
-            buf = Buffer("in", len(self.in_bytes), max(v.numel, 1) * _itemsize(v.dtype))
+            buf = Buffer("in", len(self.in_bytes), nbytes)
             self.in_bytes.append(buf.nbytes)
             self.derived.append(spec)
-        return Value(buf, v.dtype, v.shape, contiguous_strides(v.shape))
+        return Value(buf, v.dtype, v.shape, (panel, 1) if panel else contiguous_strides(v.shape))
 
     def _meta(self, node: torch.fx.Node) -> Any:
         if node.target is operator.getitem:

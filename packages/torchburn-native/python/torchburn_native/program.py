@@ -186,4 +186,9 @@ def _version(t: torch.Tensor) -> int | None:
 def _row_major(src: torch.Tensor, spec: DerivedInput) -> torch.Tensor:
     with torch.no_grad():
         view = torch.as_strided(src, spec.shape, spec.strides, src.storage_offset() + spec.offset)
-        return view.contiguous()
+        if not spec.panel:
+            return view.contiguous()
+        rows, cols = spec.shape
+        panels = -(-cols // spec.panel)
+        padded = torch.nn.functional.pad(view, (0, panels * spec.panel - cols))  # [rows, panels·P]
+        return padded.view(rows, panels, spec.panel).transpose(0, 1).contiguous()  # [panels, rows, P]

@@ -242,14 +242,18 @@ pub unsafe fn gemm<T: GemmScalar>(
         accumulate,
         alpha,
         allow_parallel,
+        0,
         BlockHooks::default(),
     )
 }
 
-/// [`gemm`] with `hooks` run around the product of every block of C.
+/// [`gemm`] with `hooks` run around the product of every block of C. `b_panel` 0 reads B through its
+/// strides; P > 0 reads B as panels of P columns, panel q a contiguous row-major `k × P` block at
+/// `b.ptr + q·k·P` (`b.rs`/`b.cs` unused), and splits the columns between threads at panel bounds.
 ///
 /// # Safety
-/// As [`gemm`]; the hooks may touch only the block of C they are given.
+/// As [`gemm`]; the hooks may touch only the block of C they are given; with panels, B must hold
+/// `ceil(n / P)` of them.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm_hooked<T: GemmScalar>(
     m: usize,
@@ -261,6 +265,7 @@ pub unsafe fn gemm_hooked<T: GemmScalar>(
     accumulate: bool,
     alpha: T,
     allow_parallel: bool,
+    b_panel: usize,
     hooks: BlockHooks<'_>,
 ) {
     if m == 0 || n == 0 {
@@ -294,7 +299,12 @@ pub unsafe fn gemm_hooked<T: GemmScalar>(
         // which is cheap next to the multiply and needs no handoff between threads
         let split_rows = m >= n;
         let side = if split_rows { m } else { n };
-        let per = side.div_ceil(threads).next_multiple_of(16).min(side);
+        let unit = if split_rows || b_panel == 0 {
+            16
+        } else {
+            b_panel
+        };
+        let per = side.div_ceil(threads).next_multiple_of(unit).min(side);
         let shared = SharedArgs { a, b, c };
         crate::threads::parallel_for(side.div_ceil(per), |t| {
             let (a, b, c) = shared.get();
@@ -313,11 +323,16 @@ pub unsafe fn gemm_hooked<T: GemmScalar>(
                 };
                 let rows = lo as usize..lo as usize + len;
                 block(rows, 0..n, &|| {
-                    gemm_serial(len, n, k, a, b, cb, accumulate, alpha)
+                    gemm_panels(len, n, k, a, b, b_panel, cb, accumulate, alpha)
                 })
             } else {
                 let b = Mat {
-                    ptr: b.ptr.offset(lo * b.cs),
+                    ptr: if b_panel == 0 {
+                        b.ptr.offset(lo * b.cs)
+                    } else {
+                        // `per` is a whole number of panels
+                        b.ptr.add(lo as usize / b_panel * k * b_panel)
+                    },
                     ..b
                 };
                 let cb = MatMut {
@@ -326,15 +341,48 @@ pub unsafe fn gemm_hooked<T: GemmScalar>(
                 };
                 let cols = lo as usize..lo as usize + len;
                 block(0..m, cols, &|| {
-                    gemm_serial(m, len, k, a, b, cb, accumulate, alpha)
+                    gemm_panels(m, len, k, a, b, b_panel, cb, accumulate, alpha)
                 })
             }
         });
         return;
     }
     block(0..m, 0..n, &|| {
-        gemm_serial(m, n, k, a, b, c, accumulate, alpha)
+        gemm_panels(m, n, k, a, b, b_panel, c, accumulate, alpha)
     })
+}
+
+/// [`gemm_serial`] over B's panels in turn (one call when `b_panel` is 0: B is strided).
+///
+/// # Safety
+/// As [`gemm_hooked`], with `b` at the first panel of these `n` columns.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_panels<T: GemmScalar>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat<T>,
+    b: Mat<T>,
+    b_panel: usize,
+    c: MatMut<T>,
+    accumulate: bool,
+    alpha: T,
+) {
+    if b_panel == 0 {
+        return gemm_serial(m, n, k, a, b, c, accumulate, alpha);
+    }
+    for (q, col) in (0..n).step_by(b_panel).enumerate() {
+        let panel = Mat {
+            ptr: b.ptr.add(q * k * b_panel),
+            rs: b_panel as isize,
+            cs: 1,
+        };
+        let cq = MatMut {
+            ptr: c.ptr.offset(col as isize * c.cs),
+            ..c
+        };
+        gemm_serial(m, b_panel.min(n - col), k, a, panel, cq, accumulate, alpha);
+    }
 }
 
 /// The operands of one GEMM, handed to the tasks that compute disjoint blocks of C.
@@ -632,6 +680,74 @@ mod tests {
                 1.0,
             )
         });
+    }
+
+    /// B laid out in panels (as `b_panel` describes) gives what B read row-major gives, for column
+    /// and row splits, a short last panel, and a GEMM too small to split.
+    #[test]
+    fn paneled_operand_matches_row_major() {
+        let cases: [(usize, usize, usize, usize); 4] = [
+            (64, 300, 70, 64),
+            (300, 40, 90, 16),
+            (3, 5, 4, 2),
+            (33, 33, 33, 33),
+        ];
+        for (m, n, k, panel) in cases {
+            let a: Vec<f64> = (0..m * k)
+                .map(|i| ((i * 7 % 11) as f64 - 5.0) / 3.0)
+                .collect();
+            let b: Vec<f64> = (0..k * n)
+                .map(|i| ((i * 5 % 13) as f64 - 6.0) / 4.0)
+                .collect();
+            let panels = n.div_ceil(panel);
+            let mut paneled = vec![f64::NAN; panels * k * panel];
+            for q in 0..panels {
+                for r in 0..k {
+                    for j in 0..panel.min(n - q * panel) {
+                        paneled[(q * k + r) * panel + j] = b[r * n + q * panel + j];
+                    }
+                }
+            }
+            let mut want = vec![0.0; m * n];
+            gemm_rowmajor(m, n, k, &a, &b, &mut want, false);
+            for parallel in [false, true] {
+                let mut c = vec![1.0; m * n];
+                // SAFETY: the views cover their vectors; C is distinct
+                unsafe {
+                    gemm_hooked(
+                        m,
+                        n,
+                        k,
+                        Mat {
+                            ptr: a.as_ptr(),
+                            rs: k as isize,
+                            cs: 1,
+                        },
+                        Mat {
+                            ptr: paneled.as_ptr(),
+                            rs: 0,
+                            cs: 0,
+                        },
+                        MatMut {
+                            ptr: c.as_mut_ptr(),
+                            rs: n as isize,
+                            cs: 1,
+                        },
+                        false,
+                        1.0,
+                        parallel,
+                        panel,
+                        BlockHooks::default(),
+                    )
+                };
+                for (i, (got, want)) in c.iter().zip(&want).enumerate() {
+                    assert!(
+                        (got - want).abs() < 1e-9 * (1.0 + want.abs()),
+                        "{m}x{n}x{k} panel {panel}: C[{i}] {got} vs {want}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
