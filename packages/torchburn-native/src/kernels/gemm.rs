@@ -327,11 +327,10 @@ pub unsafe fn gemm_hooked<T: GemmScalar>(
                 })
             } else {
                 let b = Mat {
-                    ptr: if b_panel == 0 {
-                        b.ptr.offset(lo * b.cs)
-                    } else {
-                        // `per` is a whole number of panels
-                        b.ptr.add(lo as usize / b_panel * k * b_panel)
+                    // with panels, `per` is a whole number of them
+                    ptr: match (lo as usize).checked_div(b_panel) {
+                        None => b.ptr.offset(lo * b.cs),
+                        Some(panels) => b.ptr.add(panels * k * b_panel),
                     },
                     ..b
                 };
