@@ -106,6 +106,11 @@ pub unsafe fn share_host_blas(sgemm: usize, dgemm: usize, set_local_threads: usi
     HOST_DGEMM.store(dgemm, Relaxed);
 }
 
+/// Whether products of `T` run on the host BLAS.
+pub fn host_blas<T: GemmScalar>() -> bool {
+    T::host_gemm().load(Relaxed) != 0
+}
+
 /// Which library runs the block products: "mkl" (the host's) or "gemm-crate".
 pub fn backend() -> &'static str {
     if HOST_SGEMM.load(Relaxed) != 0 {
