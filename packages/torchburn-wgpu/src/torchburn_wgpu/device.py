@@ -45,6 +45,9 @@ class Gpu:
     backend: str
     f16: bool  # the adapter has `shader-f16`
     f64: bool  # and `shader-f64` (a native wgpu feature: Vulkan and DX12 adapters may have it)
+    # row folds run on subgroup operations: the adapter has `subgroup` and lays subgroups out in
+    # order of local index (the probe below), and TORCHBURN_WGPU_SUBGROUPS is not 0
+    subgroups: bool
     max_binding_bytes: int  # the largest storage buffer one binding may cover
     max_buffer_bytes: int
     max_storage_buffers: int  # per shader stage
@@ -85,6 +88,56 @@ def _load_triton_first() -> None:
             pass
 
 
+SUBGROUPS_ENV = "TORCHBURN_WGPU_SUBGROUPS"
+
+# each invocation of one 256-wide workgroup writes its subgroup lane and the subgroup size
+_SUBGROUP_PROBE = """
+@group(0) @binding(0) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) lid: u32, @builtin(subgroup_invocation_id) lane: u32,
+        @builtin(subgroup_size) lanes: u32) {
+    out[2u * lid] = lane;
+    out[2u * lid + 1u] = lanes;
+}
+"""
+
+
+def _subgroups_wanted() -> bool:
+    value = os.environ.get(SUBGROUPS_ENV, "1").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"{SUBGROUPS_ENV}={value!r}: use 1 (subgroup operations where usable, the default) or 0")
+    return value == "1"
+
+
+def _subgroups_in_order(wgpu: Any, device: Any) -> bool:
+    """Whether subgroups of a 256-wide workgroup are runs of consecutive local indices of one
+    power-of-two size, as ``row_tree_subgroup.wgsl`` assumes (so on every adapter seen, but no
+    specification promises it)."""
+    import numpy as np
+
+    try:
+        module = device.create_shader_module(code=_SUBGROUP_PROBE)
+        pipeline = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+        buffer = device.create_buffer(size=256 * 8, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
+        group = device.create_bind_group(
+            layout=pipeline.get_bind_group_layout(0), entries=[{"binding": 0, "resource": {"buffer": buffer}}]
+        )
+        encoder = device.create_command_encoder()
+        compute = encoder.begin_compute_pass()
+        compute.set_pipeline(pipeline)
+        compute.set_bind_group(0, group)
+        compute.dispatch_workgroups(1)
+        compute.end()
+        device.queue.submit([encoder.finish()])
+        words = np.frombuffer(device.queue.read_buffer(buffer), dtype=np.uint32).reshape(256, 2)
+    except Exception:  # any failure means: use the workgroup-memory tree
+        return False
+    lanes = int(words[0, 1])
+    if lanes < 1 or lanes > 256 or lanes & (lanes - 1) or not (words[:, 1] == lanes).all():
+        return False
+    return bool((words[:, 0] == np.arange(256) % lanes).all())
+
+
 def _open() -> Gpu:
     _load_triton_first()
     try:
@@ -95,7 +148,7 @@ def _open() -> Gpu:
     adapter = _pick_adapter(wgpu, requested_backend())
     limits = adapter.limits
     features = set(adapter.features)
-    wanted_features = [f for f in ("shader-f16", "shader-f64") if f in features]
+    wanted_features = [f for f in ("shader-f16", "shader-f64", "subgroup") if f in features]
     # ask for what the adapter has, not WebGPU's portable defaults (8 storage buffers, 128 MiB bindings)
     required = {
         key: limits[key]
@@ -120,6 +173,7 @@ def _open() -> Gpu:
         backend=str(info.get("backend_type", "?")),
         f16="shader-f16" in wanted_features,
         f64="shader-f64" in wanted_features,
+        subgroups="subgroup" in wanted_features and _subgroups_wanted() and _subgroups_in_order(wgpu, device),
         max_binding_bytes=int(limits["max-storage-buffer-binding-size"]),
         max_buffer_bytes=int(limits["max-buffer-size"]),
         max_storage_buffers=int(limits["max-storage-buffers-per-shader-stage"]),

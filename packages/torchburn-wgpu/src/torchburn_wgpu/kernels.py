@@ -141,9 +141,10 @@ def conv_source() -> str:
 SOFTMAX_PER_THREAD = 16  # registers per thread for a row held whole: rows up to 256 × 16 elements
 
 
-def softmax_source(outer_rank: int, log: bool, length: int) -> str:
-    """``softmax.wgsl``; for rows that fit, with the register-resident body written out."""
-    fills = {"OUTER_RANK": str(outer_rank), "LOG": "true" if log else "false"}
+def softmax_source(outer_rank: int, log: bool, length: int, subgroups: bool = False) -> str:
+    """``softmax.wgsl``; for rows that fit, with the register-resident body written out. ``subgroups``:
+    fold rows with subgroup operations (only where the device found them usable)."""
+    fills = {"OUTER_RANK": str(outer_rank), "LOG": "true" if log else "false", **shaders.row_tree(subgroups)}
     per_thread = -(-length // 256)
     if per_thread > SOFTMAX_PER_THREAD:
         return shaders.source("softmax", IN_REGISTERS="false", IN_REGISTERS_BODY="", **fills)
@@ -158,17 +159,13 @@ def softmax_source(outer_rank: int, log: bool, length: int) -> str:
             f"            m = max(m, v{r});",
             "        }",
         ]
-    lines += [
-        "        partial[lid] = select(m, bitcast<f32>(0x7fc00000u), saw_nan);",
-        "        let row_max = tree(lid, true);",
-    ]
+    lines += ["        let row_max = fold_max(lid, select(m, bitcast<f32>(0x7f800000u), saw_nan));"]
     # each exponential is computed once and kept; the outputs take one reciprocal of the sum
     lines += ["        var s = 0.0;"]
     for r in range(per_thread):
         lines += [f"        var e{r} = 0.0;", f"        if (j{r} < n) {{ e{r} = exp(v{r} - row_max); s += e{r}; }}"]
     lines += [
-        "        partial[lid] = s;",
-        "        let total = tree(lid, false);",
+        "        let total = fold_sum(lid, s);",
         "        let log_total = log(total);",
         "        let inverse = 1.0 / total;",
     ]

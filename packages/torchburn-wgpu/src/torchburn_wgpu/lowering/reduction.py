@@ -1,4 +1,4 @@
-"""Reductions, softmax and layer norm: one workgroup per output row, trees in workgroup memory."""
+"""Reductions, softmax and layer norm: one workgroup per output row, folded across the workgroup."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ from typing import Any
 
 import torch
 
+from ..device import gpu
 from ..kernels import Launch, f32_bits, grid, params, reduce_source, softmax_source
 from ..planner import Expr, Lazy, PlanError, Planner
-from ..shaders import source
+from ..shaders import row_tree, source
 from ..values import WGSL_TYPES, Value, contiguous, numel
 from . import ANY, FxNode, lower, shape_of
 
@@ -124,7 +125,7 @@ def softmax(p: Planner, x: Value, dim: int, log: bool) -> Value:
     rows = result.numel // x.shape[dim]
     words = [rows, x.shape[dim], x.offset, x.strides[dim], out_strides[dim]]
     words += [x.shape[d] for d in outer] + [x.strides[d] for d in outer] + [out_strides[d] for d in outer]
-    code = softmax_source(len(outer), log, x.shape[dim])
+    code = softmax_source(len(outer), log, x.shape[dim], gpu().subgroups)
     p.launches.append(Launch("softmax", code, [result.slot, x.slot], params(words), grid(rows)))
     return result
 
@@ -148,7 +149,8 @@ def normalize_rows(
         return y, mean, rstd
     words = [rows, length, f32_bits(eps), int(weight is not None), int(bias is not None)]
     slots = [y.slot, mean.slot, rstd.slot, x.slot, (weight or x).slot, (bias or x).slot]
-    p.launches.append(Launch("layer_norm", source("layer_norm"), slots, params(words), grid(rows), writes=3))
+    code = source("layer_norm", **row_tree(gpu().subgroups))
+    p.launches.append(Launch("layer_norm", code, slots, params(words), grid(rows), writes=3))
     return y, mean, rstd
 
 

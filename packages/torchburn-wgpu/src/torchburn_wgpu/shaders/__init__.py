@@ -1,8 +1,9 @@
 """The one loader of the WGSL kernel files in this folder, one file per kernel family.
 
 A file may hold ``{{NAME}}`` placeholders that a kernel builder fills (a fused elementwise body, a
-rank, a combine function); ``{{MATH}}`` pulls in ``math.wgsl`` and ``{{ROW_TREE}}`` ``row_tree.wgsl``,
-and a builder fills ``{{MATH64}}`` with ``math64()`` where a kernel computes in float64. Every
+rank, a combine function); ``{{MATH}}`` pulls in ``math.wgsl``, a builder fills ``{{MATH64}}`` with
+``math64()`` where a kernel computes in float64, and ``row_tree()`` gives the fills of a kernel that
+folds rows across its workgroup (``{{ROW_TREE}}`` and the entry point's subgroup builtins). Every
 placeholder must be filled and no unknown one given, so a typo fails loudly here instead of as a shader
 compile error on a GPU.
 """
@@ -53,11 +54,14 @@ SAMPLES: dict[str, dict[str, str]] = {
     "softmax": {"OUTER_RANK": "1", "LOG": "false", "IN_REGISTERS": "false", "IN_REGISTERS_BODY": ""},
     "layer_norm": {},
 }
+# families that fold rows across the workgroup: their samples also take ``row_tree()``'s fills
+ROW_TREE_FAMILIES = ("softmax", "layer_norm")
 
 
-LIBRARIES = ("math", "math64", "row_tree")  # helpers pulled into kernels, not kernels themselves
+# helpers pulled into kernels, not kernels themselves
+LIBRARIES = ("math", "math64", "row_tree", "row_tree_subgroup")
 # the libraries a kernel file pulls in by placeholder
-INCLUDES = {"MATH": "math", "ROW_TREE": "row_tree"}
+INCLUDES = {"MATH": "math"}
 
 
 def families() -> list[str]:
@@ -71,6 +75,18 @@ def _text(family: str) -> str:
     if not path.is_file():
         raise ValueError(f"no WGSL kernel family {family!r} (have: {', '.join(families())})")
     return path.read_text(encoding="utf-8")
+
+
+def row_tree(subgroups: bool) -> dict[str, str]:
+    """Fills for a kernel that calls ``fold_sum``/``fold_max``: the workgroup-memory tree, or (where the
+    device has usable subgroups) the subgroup version with the builtins its entry point must take."""
+    if not subgroups:
+        return {"ROW_TREE": _text("row_tree"), "LANE_ARGS": "", "LANE_INIT": ""}
+    return {
+        "ROW_TREE": _text("row_tree_subgroup"),
+        "LANE_ARGS": ",\n        @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) lanes: u32",
+        "LANE_INIT": "    sg_lane = lane;\n    sg_size = lanes;",
+    }
 
 
 def math64() -> str:

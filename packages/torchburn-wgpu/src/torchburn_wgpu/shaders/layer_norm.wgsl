@@ -16,7 +16,8 @@
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+        @builtin(local_invocation_index) lid: u32{{LANE_ARGS}}) {
+{{LANE_INIT}}
     let row = wg.x + wg.y * groups.x;
     if (row >= params[0]) {
         return;
@@ -27,15 +28,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
     for (var j = lid; j < n; j += 256u) {
         s += x[base + j];
     }
-    partial[lid] = s;
-    let mean = tree(lid, false) / f32(n);
+    let mean = fold_sum(lid, s) / f32(n);
     var q = 0.0;
     for (var j = lid; j < n; j += 256u) {
         let d = x[base + j] - mean;
         q += d * d;
     }
-    partial[lid] = q;
-    let rstd = inverseSqrt(tree(lid, false) / f32(n) + bitcast<f32>(params[2]));
+    let rstd = inverseSqrt(fold_sum(lid, q) / f32(n) + bitcast<f32>(params[2]));
     for (var j = lid; j < n; j += 256u) {
         var v = (x[base + j] - mean) * rstd;
         if (params[3] != 0u) {

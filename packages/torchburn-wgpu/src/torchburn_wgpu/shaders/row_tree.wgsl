@@ -1,9 +1,12 @@
-// The whole workgroup (256 threads) folding one value per thread: each thread stores its value in
-// `partial[lid]`, then calls `tree`, which returns the sum (or the max) to every thread.
+// The whole workgroup (256 threads) folding one value per thread: `fold_sum(lid, v)` and
+// `fold_max(lid, v)` return the workgroup's total to every thread. Here a tree in workgroup memory,
+// eight halving steps with a barrier each; `row_tree_subgroup.wgsl` is the same API on subgroup
+// operations where the adapter has them.
 
 var<workgroup> partial: array<f32, 256>;
 
-fn tree(lid: u32, is_max: bool) -> f32 {
+fn row_fold(lid: u32, value: f32, is_max: bool) -> f32 {
+    partial[lid] = value;
     workgroupBarrier();
     for (var width = 128u; width > 0u; width >>= 1u) {
         if (lid < width) {
@@ -15,4 +18,12 @@ fn tree(lid: u32, is_max: bool) -> f32 {
     let total = partial[0];
     workgroupBarrier();
     return total;
+}
+
+fn fold_sum(lid: u32, value: f32) -> f32 {
+    return row_fold(lid, value, false);
+}
+
+fn fold_max(lid: u32, value: f32) -> f32 {
+    return row_fold(lid, value, true);
 }

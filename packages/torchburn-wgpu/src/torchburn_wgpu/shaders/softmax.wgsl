@@ -1,5 +1,6 @@
 // Softmax (or log-softmax) along one dim of a strided tensor: one workgroup per row, three passes
-// over the row (max, sum of exponentials, write) with workgroup-memory trees in between. Rows of up
+// over the row (max, sum of exponentials, write) with workgroup-wide folds (`fold_max`, `fold_sum`) in
+// between. Rows of up
 // to 4096 elements are read once into registers (named, written out by the kernel builder) instead.
 //
 // params: [rows, length, offset, dim_stride, out_dim_stride, outer_shape[OUTER_RANK],
@@ -18,7 +19,8 @@ const IN_REGISTERS: bool = {{IN_REGISTERS}};
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+        @builtin(local_invocation_index) lid: u32{{LANE_ARGS}}) {
+{{LANE_INIT}}
     let row = wg.x + wg.y * groups.x;
     if (row >= params[0]) {
         return;
@@ -48,14 +50,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
         saw_nan = saw_nan || ((bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u);
         m = max(m, v);
     }
-    partial[lid] = select(m, bitcast<f32>(0x7fc00000u), saw_nan);
-    let row_max = tree(lid, true);
+    // a NaN anywhere makes the row's max +inf, so that every output of the row comes out NaN (max()
+    // of a NaN is not defined in WGSL; +inf is an ordinary value to it)
+    let row_max = fold_max(lid, select(m, bitcast<f32>(0x7f800000u), saw_nan));
     var s = 0.0;
     for (var j = lid; j < n; j += 256u) {
         s += exp(x[base + j * stride] - row_max);
     }
-    partial[lid] = s;
-    let total = tree(lid, false);
+    let total = fold_sum(lid, s);
     let log_total = log(total);
     for (var j = lid; j < n; j += 256u) {
         let shifted = x[base + j * stride] - row_max;
