@@ -70,9 +70,14 @@ def test_float64_keeps_double_precision(gpu_compile: Callable[..., Any]) -> None
         ("both transposed", "const A_VEC: bool = false;|const B_MODE: u32 = 2u;"),
     ],
 )
+@pytest.mark.parametrize("tile", [128, 64])
 def test_matmul_stages_each_operand_along_its_contiguous_dim(
-    layout: str, mode: str, gpu_compile: Callable[..., Any]
+    layout: str, mode: str, tile: int, gpu_compile: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from torchburn_wgpu.lowering import linalg
+
+    # products this small take 64-tiles; forbid them (0) or force them (always below)
+    monkeypatch.setattr(linalg, "SMALL_TILE_BELOW", 0 if tile == 128 else 1 << 30)
     torch.manual_seed(0)
     m, k, n = (37, 45, 29) if layout == "odd sizes" else (136, 72, 200)
     a, w = torch.randn(m, k), torch.randn(n, k)
@@ -87,7 +92,7 @@ def test_matmul_stages_each_operand_along_its_contiguous_dim(
     torch.testing.assert_close(gpu_compile(fn)(x, w), want, rtol=1e-4, atol=1e-4)
     (plan,) = recent_regions()[-1].plans.values()
     (launch,) = [launch for launch in plan.launches if launch.family == "matmul"]
-    for line in mode.split("|"):
+    for line in [*mode.split("|"), f"const TM: u32 = {tile}u;"]:
         assert line in launch.source
 
 

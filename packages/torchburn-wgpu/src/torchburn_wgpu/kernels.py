@@ -82,34 +82,34 @@ class PipelineCache:
             return pipeline
 
 
-def register_block(element: str, extra: str) -> dict[str, str]:
-    """The 8×8 register block of the tiled product kernels, written out: one named variable per
-    accumulator, the 64 multiply-adds per step along k and the 64 stores (``put(row, col, <extra>)``),
-    since GPU compilers put an indexed array in slow local memory instead of registers. Rows of a
-    thread: 4·ly .. 4·ly+3 and 64 more; columns likewise with lx."""
-    halves = ("lo", "hi")
-    declare = "\n".join(f"    var c_{i}_{j} = {element}(0);" for i in range(8) for j in range(8))
-    # one step along k: this thread's 8 values of A and of B (two vec4 each, from the staged tiles),
-    # then the 64 multiply-adds
-    reads = [
-        "            let a_lo = a_tile[kk * 33u + lid.y];",
-        "            let a_hi = a_tile[kk * 33u + 16u + lid.y];",
-        "            let b_lo = b_tile[kk * 32u + lid.x];",
-        "            let b_hi = b_tile[kk * 32u + 16u + lid.x];",
-    ]
+def register_block(element: str, extra: str, size: int = 8) -> dict[str, str]:
+    """The ``size``×``size`` (8 or 4) register block of the tiled product kernels, written out: one
+    named variable per accumulator, the multiply-adds per step along k and the stores (``put(row, col,
+    <extra>)``), since GPU compilers put an indexed array in slow local memory instead of registers.
+    Rows of a thread: 4·ly .. 4·ly+3, and with 8 also those 64 further on; columns likewise with lx."""
+    halves = ("lo", "hi")[: size // 4]
+    declare = "\n".join(f"    var c_{i}_{j} = {element}(0);" for i in range(size) for j in range(size))
+    # one step along k: this thread's values of A and of B (one vec4 per half, from the staged tiles),
+    # then the multiply-adds
+    reads = []
+    for h, half in enumerate(halves):
+        reads += [
+            f"            let a_{half} = a_tile[kk * A_ROW + {16 * h}u + lid.y];",
+            f"            let b_{half} = b_tile[kk * B_ROW + {16 * h}u + lid.x];",
+        ]
     update = "\n".join(
         reads
         + [
             f"            c_{i}_{j} = fma(a_{halves[i // 4]}[{i % 4}], b_{halves[j // 4]}[{j % 4}], c_{i}_{j});"
-            for i in range(8)
-            for j in range(8)
+            for i in range(size)
+            for j in range(size)
         ]
     )
     store = "\n".join(
         f"    put(row0 + {64 * (i // 4) + i % 4}u + lid.y * 4u, col0 + {64 * (j // 4) + j % 4}u + lid.x * 4u, "
         f"{extra.format(f'c_{i}_{j}')});"
-        for i in range(8)
-        for j in range(8)
+        for i in range(size)
+        for j in range(size)
     )
     return {"ACC_DECLARE": declare, "ACC_UPDATE": update, "ACC_STORE": store}
 
@@ -118,13 +118,15 @@ def register_block(element: str, extra: str) -> dict[str, str]:
 B_STRIDED, B_VEC_ALONG_N, B_VEC_ALONG_K = 0, 1, 2
 
 
-def matmul_source(element: str, a_vec: bool, b_mode: int) -> str:
+def matmul_source(element: str, a_vec: bool, b_mode: int, tile: int = 128) -> str:
     """``matmul.wgsl`` for ``element`` (f32, f64 or f16: f16 accumulates in f32); ``a_vec``: A read as
     vec4 along k (row-major, aligned); ``b_mode``: one of ``B_STRIDED``, ``B_VEC_ALONG_N``,
-    ``B_VEC_ALONG_K``."""
+    ``B_VEC_ALONG_K``; ``tile``: 128 or 64 rows and columns of C per workgroup."""
+    if tile not in (64, 128):
+        raise ValueError(f"matmul tile {tile}: 64 or 128")
     acc = "f32" if element == "f16" else element
-    block = register_block(acc, "wg.z, batch, {}, alpha, beta")
-    flags = {"A_VEC": "true" if a_vec else "false", "B_MODE": str(b_mode)}
+    block = register_block(acc, "wg.z, batch, {}, alpha, beta", tile // 16)
+    flags = {"A_VEC": "true" if a_vec else "false", "B_MODE": str(b_mode), "TILE": str(tile)}
     text = shaders.source("matmul", TYPE=element, ACC=acc, **flags, **block)
     return with_f16(text) if element == "f16" else text
 

@@ -15,6 +15,11 @@ aten = torch.ops.aten
 
 
 TILE = 128  # rows and columns of C per workgroup
+# a product with fewer 128-tiles than this runs on 64×64 tiles (four times as many workgroups, each
+# thread a 4×4 block) before k is split: attention's per-head products (32 heads of 128×128 scores
+# are 32 workgroups of 128 for 132 multiprocessors on an H200)
+SMALL_TILE = 64
+SMALL_TILE_BELOW = 128
 # workgroups worth having in flight: two per multiprocessor of a large GPU (132 on an H200)
 TARGET_WORKGROUPS = 256
 # split k no finer than this: each slice's partial plane costs a pass over C, but a workgroup that
@@ -54,7 +59,8 @@ def matmul(p: Planner, a: Value, b: Value, bias: Value | None, alpha: float, bet
     n = b.shape[-1]
     batch = a.shape[0] if a.rank == 3 else 1
     shape = (batch, m, n) if a.rank == 3 else (m, n)
-    tiles = -(-n // TILE) * -(-m // TILE) * batch
+    tile = TILE if -(-n // TILE) * -(-m // TILE) * batch >= SMALL_TILE_BELOW else SMALL_TILE
+    tiles = -(-n // tile) * -(-m // tile) * batch
     splits, chunk = slices(tiles, k)
     out = p.new_value(a.dtype, (batch * splits, m, n) if splits > 1 else shape)
     if out.numel == 0:
@@ -85,8 +91,8 @@ def matmul(p: Planner, a: Value, b: Value, bias: Value | None, alpha: float, bet
         b_mode = B_VEC_ALONG_N
     elif b.strides[-2] == 1 and aligned(b.offset, batch_stride(b), b.strides[-1], k):
         b_mode = B_VEC_ALONG_K
-    code = matmul_source(WGSL_TYPES[a.dtype], a_vec, b_mode)
-    p.launches.append(Launch("matmul", code, slots, params(words), (-(-n // TILE), -(-m // TILE), batch * splits)))
+    code = matmul_source(WGSL_TYPES[a.dtype], a_vec, b_mode, tile)
+    p.launches.append(Launch("matmul", code, slots, params(words), (-(-n // tile), -(-m // tile), batch * splits)))
     if splits == 1:
         return out
 

@@ -31,6 +31,7 @@ SAMPLES: dict[str, dict[str, str]] = {
         "ACC": "f32",
         "A_VEC": "true",
         "B_MODE": "2",
+        "TILE": "128",
         "ACC_DECLARE": "",
         "ACC_UPDATE": "",
         "ACC_STORE": "",

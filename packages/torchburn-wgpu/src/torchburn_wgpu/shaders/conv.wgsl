@@ -38,8 +38,10 @@ const P_K_CHUNK = 31u;   // split-k: how deep each slice is,
 const P_SPLITS = 32u;    // and how many (each slice writes its own plane of partial outputs)
 
 // [k][pixel / 4]: 16 rows of 32 vec4, each padded by one against bank conflicts (see matmul.wgsl)
-var<workgroup> a_tile: array<vec4<f32>, 528>;
-var<workgroup> b_tile: array<vec4<f32>, 512>;  // [k][channel / 4]
+const A_ROW: u32 = 33u;  // vec4 per staged row of A (32, padded by one) and of B (the register block reads them)
+const B_ROW: u32 = 32u;
+var<workgroup> a_tile: array<vec4<f32>, 16u * A_ROW>;
+var<workgroup> b_tile: array<vec4<f32>, 16u * B_ROW>;  // [k][channel / 4]
 
 fn load_a(m: u32, k: u32, g: u32) -> f32 {
     let ohw = params[P_OH] * params[P_OW];
@@ -132,14 +134,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             if (row0 + am < M && k0 + ak < K) {
                 av = load_a(row0 + am, k0 + ak, g);
             }
-            a_tile[ak * 33u + am / 4u][am % 4u] = av;
+            a_tile[ak * A_ROW + am / 4u][am % 4u] = av;
             let bk = idx / 128u;
             let bn = idx % 128u;
             var bv = 0.0;
             if (k0 + bk < K && col0 + bn < N) {
                 bv = load_b(k0 + bk, col0 + bn, g);
             }
-            b_tile[bk * 32u + bn / 4u][bn % 4u] = bv;
+            b_tile[bk * B_ROW + bn / 4u][bn % 4u] = bv;
         }
         workgroupBarrier();
         for (var kk = 0u; kk < 16u; kk++) {

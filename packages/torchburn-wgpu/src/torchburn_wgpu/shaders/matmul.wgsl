@@ -1,8 +1,9 @@
 // Batched matrix multiply C[b] = alpha * A[b] @ B[b] (+ beta * bias), stored as TYPE and computed in ACC
 // (f32; f64 where the adapter has it; f16 stored, f32 accumulated, where it has shader-f16), every operand by its own strides (a transposed weight or a permuted activation needs no copy).
 //
-// Tiled for register reuse: a workgroup of 16×16 threads computes a 128×128 tile of C, each thread an
-// 8×8 block held in 64 named registers (the kernel builder writes the unrolled products and stores:
+// Tiled for register reuse: a workgroup of 16×16 threads computes a TILE×TILE tile of C (128, or 64
+// for products with too few 128-tiles to fill the GPU), each thread an 8×8 (4×4) block held in named
+// registers (the kernel builder writes the unrolled products and stores:
 // GPU compilers put an indexed array in slow local memory instead). Per step along k it stages a 16-deep slab of A (transposed, so a thread
 // reads its 8 rows as two vec4) and of B in workgroup memory; each element loaded from memory is then
 // used 128 times, and each shared-memory vec4 read feeds 16 multiply-adds.
@@ -29,14 +30,22 @@
 const A_VEC: bool = {{A_VEC}};
 const B_MODE: u32 = {{B_MODE}}u;
 
-const TM: u32 = 128u;
-const TN: u32 = 128u;
+const TM: u32 = {{TILE}}u;
+const TN: u32 = {{TILE}}u;
 const TK: u32 = 16u;
+// vec4 per staged row of A (padded by one) and of B
+const A_ROW: u32 = TM / 4u + 1u;
+const B_ROW: u32 = TN / 4u;
+// staging work per thread: vec4 loads, or single elements, of each tile
+const A_VEC_LOADS: u32 = TM * TK / 1024u;
+const B_VEC_LOADS: u32 = TN * TK / 1024u;
+const A_LOADS: u32 = TM * TK / 256u;
+const B_LOADS: u32 = TN * TK / 256u;
 
-// [k][m / 4]: 16 rows of 32 vec4, each padded by one: the staging writes of one warp run down a
+// [k][m / 4]: 16 rows of TM/4 vec4, each padded by one: the staging writes of one warp run down a
 // column (16 values of k), which unpadded would all fall in the same memory bank
-var<workgroup> a_tile: array<vec4<{{ACC}}>, 528>;
-var<workgroup> b_tile: array<vec4<{{ACC}}>, 512>;  // [k][n / 4]
+var<workgroup> a_tile: array<vec4<{{ACC}}>, TK * A_ROW>;
+var<workgroup> b_tile: array<vec4<{{ACC}}>, TK * B_ROW>;  // [k][n / 4]
 
 fn put(r: u32, col: u32, plane: u32, batch: u32, v: {{ACC}}, alpha: {{ACC}}, beta: {{ACC}}) {
     let M = params[0];
@@ -73,8 +82,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         // stage 128×16 of A and 16×128 of B; consecutive threads read consecutive addresses in
         // whichever direction the operand is contiguous, four at a time where it is aligned
         if (A_VEC) {
-            // row-major A: two vec4 along k per thread, four threads per row
-            for (var e = 0u; e < 2u; e++) {
+            // row-major A: vec4 along k (two per thread at 128), four threads per row
+            for (var e = 0u; e < A_VEC_LOADS; e++) {
                 let v = t + e * 256u;
                 let am = v / 4u;
                 let ak = (v % 4u) * 4u;
@@ -82,14 +91,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
                 if (row0 + am < M && k0 + ak < K) {
                     av = vec4<{{ACC}}>(a4[(a_base + (row0 + am) * a_rs + k0 + ak) / 4u]);
                 }
-                a_tile[(ak + 0u) * 33u + am / 4u][am % 4u] = av.x;
-                a_tile[(ak + 1u) * 33u + am / 4u][am % 4u] = av.y;
-                a_tile[(ak + 2u) * 33u + am / 4u][am % 4u] = av.z;
-                a_tile[(ak + 3u) * 33u + am / 4u][am % 4u] = av.w;
+                a_tile[(ak + 0u) * A_ROW + am / 4u][am % 4u] = av.x;
+                a_tile[(ak + 1u) * A_ROW + am / 4u][am % 4u] = av.y;
+                a_tile[(ak + 2u) * A_ROW + am / 4u][am % 4u] = av.z;
+                a_tile[(ak + 3u) * A_ROW + am / 4u][am % 4u] = av.w;
             }
         } else {
-            // eight elements per thread, consecutive threads on consecutive k
-            for (var e = 0u; e < 8u; e++) {
+            // eight (four) elements per thread, consecutive threads on consecutive k
+            for (var e = 0u; e < A_LOADS; e++) {
                 let idx = t + e * 256u;
                 let am = idx / TK;
                 let ak = idx % TK;
@@ -97,25 +106,25 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
                 if (row0 + am < M && k0 + ak < K) {
                     av = {{ACC}}(a[a_base + (row0 + am) * a_rs + (k0 + ak) * a_cs]);
                 }
-                a_tile[ak * 33u + am / 4u][am % 4u] = av;
+                a_tile[ak * A_ROW + am / 4u][am % 4u] = av;
             }
         }
         if (B_MODE == 1u) {
-            // row-major B: two vec4 along n per thread
-            for (var e = 0u; e < 2u; e++) {
+            // row-major B: vec4 along n
+            for (var e = 0u; e < B_VEC_LOADS; e++) {
                 let v = t + e * 256u;
-                let bk = v / 32u;
-                let bn = (v % 32u) * 4u;
+                let bk = v / B_ROW;
+                let bn = (v % B_ROW) * 4u;
                 var bv = vec4<{{ACC}}>();
                 if (k0 + bk < K && col0 + bn < N) {
                     bv = vec4<{{ACC}}>(b4[(b_base + (k0 + bk) * b_rs + col0 + bn) / 4u]);
                 }
-                b_tile[bk * 32u + bn / 4u] = bv;
+                b_tile[bk * B_ROW + bn / 4u] = bv;
             }
         } else if (B_MODE == 2u) {
-            // B contiguous along k (a Linear weight read as w.t(), keys in q·kᵀ): two vec4 along k
-            // per thread, four threads per column
-            for (var e = 0u; e < 2u; e++) {
+            // B contiguous along k (a Linear weight read as w.t(), keys in q·kᵀ): vec4 along k,
+            // four threads per column
+            for (var e = 0u; e < B_VEC_LOADS; e++) {
                 let v = t + e * 256u;
                 let bn = v / 4u;
                 let bk = (v % 4u) * 4u;
@@ -123,14 +132,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
                 if (col0 + bn < N && k0 + bk < K) {
                     bv = vec4<{{ACC}}>(b4[(b_base + (col0 + bn) * b_cs + k0 + bk) / 4u]);
                 }
-                b_tile[(bk + 0u) * 32u + bn / 4u][bn % 4u] = bv.x;
-                b_tile[(bk + 1u) * 32u + bn / 4u][bn % 4u] = bv.y;
-                b_tile[(bk + 2u) * 32u + bn / 4u][bn % 4u] = bv.z;
-                b_tile[(bk + 3u) * 32u + bn / 4u][bn % 4u] = bv.w;
+                b_tile[(bk + 0u) * B_ROW + bn / 4u][bn % 4u] = bv.x;
+                b_tile[(bk + 1u) * B_ROW + bn / 4u][bn % 4u] = bv.y;
+                b_tile[(bk + 2u) * B_ROW + bn / 4u][bn % 4u] = bv.z;
+                b_tile[(bk + 3u) * B_ROW + bn / 4u][bn % 4u] = bv.w;
             }
         } else {
-            // eight elements per thread, consecutive threads on consecutive n
-            for (var e = 0u; e < 8u; e++) {
+            // eight (four) elements per thread, consecutive threads on consecutive n
+            for (var e = 0u; e < B_LOADS; e++) {
                 let idx = t + e * 256u;
                 let bk = idx / TN;
                 let bn = idx % TN;
@@ -138,7 +147,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
                 if (k0 + bk < K && col0 + bn < N) {
                     bv = {{ACC}}(b[b_base + (k0 + bk) * b_rs + (col0 + bn) * b_cs]);
                 }
-                b_tile[bk * 32u + bn / 4u][bn % 4u] = bv;
+                b_tile[bk * B_ROW + bn / 4u][bn % 4u] = bv;
             }
         }
         workgroupBarrier();
