@@ -172,6 +172,19 @@ def _(g):  # type: ignore[no-untyped-def]
     return (lambda a: (a.softmax(-1), a.log_softmax(1), a.softmax(0))), (_r(g, 6, 10, 4) * 5,)
 
 
+@case("softmax_nan_inf")
+def _(g):  # type: ignore[no-untyped-def]
+    # rows with a NaN, a +inf, a -inf, all -inf, and plain; short rows and rows of 3000 (held in
+    # registers on the GPU, looped over otherwise)
+    short, long = _r(g, 5, 7), _r(g, 5, 3000)
+    for a in (short, long):
+        a[0, 3] = float("nan")
+        a[1, 2] = float("inf")
+        a[2, 1] = float("-inf")
+        a[3, :] = float("-inf")
+    return (lambda a, b: (a.softmax(-1), a.log_softmax(-1), b.softmax(-1), b.log_softmax(-1))), (short, long)
+
+
 @case("norms")
 def _(g):  # type: ignore[no-untyped-def]
     torch.manual_seed(0)

@@ -11,30 +11,24 @@ var<workgroup> partial: array<f32, 256>;
 var<private> sg_lane: u32;
 var<private> sg_size: u32;
 
-fn fold_sum(lid: u32, value: f32) -> f32 {
-    let folded = subgroupAdd(value);
+// the subgroups' results (one per subgroup, in `folded` of every lane) folded across the workgroup
+fn fold_partials(lid: u32, folded: f32, is_max: bool) -> f32 {
     if (sg_lane == 0u) {
         partial[lid / sg_size] = folded;
     }
     workgroupBarrier();
     var total = partial[0];
     for (var s = 1u; s < 256u / sg_size; s++) {
-        total += partial[s];
+        total = select(total + partial[s], max(total, partial[s]), is_max);
     }
     workgroupBarrier();
     return total;
 }
 
+fn fold_sum(lid: u32, value: f32) -> f32 {
+    return fold_partials(lid, subgroupAdd(value), false);
+}
+
 fn fold_max(lid: u32, value: f32) -> f32 {
-    let folded = subgroupMax(value);
-    if (sg_lane == 0u) {
-        partial[lid / sg_size] = folded;
-    }
-    workgroupBarrier();
-    var total = partial[0];
-    for (var s = 1u; s < 256u / sg_size; s++) {
-        total = max(total, partial[s]);
-    }
-    workgroupBarrier();
-    return total;
+    return fold_partials(lid, subgroupMax(value), true);
 }
