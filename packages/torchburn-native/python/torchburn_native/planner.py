@@ -116,6 +116,29 @@ def coalesce(
     return tuple(out_shape), [tuple(o) for o in out_strides]
 
 
+def _static_tensors(value: Any) -> bool:
+    """Whether ``value`` (a node's traced ``val``) is a tensor, or a non-empty tuple or list of them,
+    with static sizes and strides."""
+    if isinstance(value, (tuple, list)):
+        return bool(value) and all(_static_tensors(v) for v in value)
+    return (
+        isinstance(value, torch.Tensor)
+        and all(isinstance(s, int) for s in value.shape)
+        and all(isinstance(s, int) for s in value.stride())
+    )
+
+
+def _same_layout(traced: Any, arg: Any) -> bool:
+    if not isinstance(arg, torch.Tensor):
+        return type(traced) is type(arg) and isinstance(arg, (int, float, bool)) and traced == arg
+    return (
+        _static_tensors(traced)
+        and traced.dtype == arg.dtype
+        and tuple(traced.shape) == tuple(arg.shape)
+        and traced.stride() == arg.stride()
+    )
+
+
 class Planner:
     def __init__(self, gm: torch.fx.GraphModule, args: Sequence[Any]) -> None:
         self.gm = gm
@@ -124,6 +147,7 @@ class Planner:
         self.buffers: list[Buffer] = []
         self.env: dict[torch.fx.Node, Any] = {}
         self.meta_env: dict[torch.fx.Node, Any] = {}
+        self.traced_values_hold = False
         self.producer: dict[int, int] = {}  # id(Buffer) -> index of the instruction that wrote it
         self.current: torch.fx.Node | None = None
         self.in_bytes: list[int] = []
@@ -268,6 +292,10 @@ class Planner:
             else:
                 self.env[node] = arg
                 self.meta_env[node] = arg
+        # the trace's values describe this call only if its arguments are laid out as the traced ones
+        self.traced_values_hold = all(
+            _same_layout(node.meta.get("val"), arg) for node, arg in zip(placeholders, self.args, strict=True)
+        )
         for node in graph.nodes:
             if node.op == "get_attr":
                 self._constant(node, tensor_inputs + len(self.constants))
@@ -317,6 +345,9 @@ class Planner:
         if node.target is operator.getitem:
             seq, idx = node.args
             return self.meta_env[seq][idx]  # type: ignore[index]
+        traced = node.meta.get("val")
+        if self.traced_values_hold and _static_tensors(traced):
+            return traced  # the lowering trace already inferred it; a meta kernel would do it again
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.meta_env[n])
         if "device" in kwargs:
             kwargs = {**kwargs, "device": torch.device("meta")}  # factories and copies: shape only
