@@ -120,8 +120,9 @@ def _aten(fn: object, *args: torch.Tensor) -> torch.fx.GraphModule:
         (lambda x, y: ((x + y).relu(), x * y), True),  # one region, two outputs
         (lambda x, y: ((x + y), x), False),  # an input returned as is
         (lambda x, y: ((x * 2).exp(), y + 1), False),  # exp falls back: several pieces
+        (lambda x, y: ((x + y).relu(),) * 2, False),  # one value returned twice
     ],
-    ids=["one_output", "two_outputs", "passthrough", "fallback"],
+    ids=["one_output", "two_outputs", "passthrough", "fallback", "same_output_twice"],
 )
 def test_whole_graph_region_skips_the_graph_forward_only_when_it_is_the_whole_graph(fn: object, direct: bool) -> None:
     from torchburn.engines.discovery import resolve_engine
@@ -143,3 +144,29 @@ def test_whole_graph_region_skips_the_graph_forward_only_when_it_is_the_whole_gr
     fast = torch.compile(fn, backend="torchburn", options={"engine": "tiny", "fallback": "silent"})
     for g, w in zip(fast(x, y), want, strict=True):
         torch.testing.assert_close(g, w)
+
+
+def test_fully_supported_graph_is_compiled_whole_without_the_partitioner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the engine takes every node, the graph is one region as it stands: the partitioner's
+    search never runs, and the program takes every input in order."""
+    import torchburn.partition as partition
+    from torchburn.engines.discovery import resolve_engine
+    from torchburn.options import parse_options
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the partitioner ran")
+
+    monkeypatch.setattr(partition, "CapabilityBasedPartitioner", refuse)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+
+    def fn(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (x * y).relu(), x + y
+
+    fused = partition.partition_and_compile(
+        _aten(fn, x, y), resolve_engine("tiny"), parse_options({"engine": "tiny", "fallback": "error"})
+    )
+    program = partition.whole_graph_program(fused)
+    assert program is not None
+    for got in (program(x, y), fused(x, y)):
+        for g, w in zip(got, fn(x, y), strict=True):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)

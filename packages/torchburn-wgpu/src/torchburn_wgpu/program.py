@@ -276,7 +276,11 @@ class Plan:
                 # the next call runs the same dispatches over the same buffers: record its commands
                 # now, while the GPU works through these, instead of before its own submission
                 self._recorded[0] = _record_raw(gpu, self.raw_passes, self.copies, self.staging)
-                outs, failed = _read_raw(gpu, self.staging, self.staging_bytes, self._outputs_from)
+                # and allocate the outputs, their pages faulted in, while it still works
+                targets = [_fresh_output(out) for out in self.outputs]
+                outs, failed = _read_raw(
+                    gpu, self.staging, self.staging_bytes, lambda mapped: self._outputs_from(mapped, targets)
+                )
             else:
                 encoder = gpu.device.create_command_encoder()
                 if self.passes:
@@ -305,14 +309,19 @@ class Plan:
         self.validated = True
         return outs
 
-    def _outputs_from(self, mapped: Any) -> tuple[tuple[torch.Tensor, ...], bool]:
+    def _outputs_from(
+        self, mapped: Any, targets: Sequence[torch.Tensor | None] | None = None
+    ) -> tuple[tuple[torch.Tensor, ...], bool]:
         """The outputs copied out of the mapped staging memory (a buffer-protocol object, valid until
-        it is unmapped), and whether the kernels flagged an out-of-range index."""
+        it is unmapped), into ``targets`` where given (see ``_fresh_output``), and whether the kernels
+        flagged an out-of-range index."""
         if isinstance(mapped, memoryview) and mapped.readonly:
             mapped = bytearray(mapped)  # wgpu-py's own mapping (first call only): torch wants writable bytes
         staged = torch.frombuffer(mapped, dtype=torch.uint8, count=self.staging_bytes)
         failed = self.error_slot is not None and bool(staged[self.error_offset : self.error_offset + WORD].any())
-        return tuple(_output(staged, out) for out in self.outputs), failed
+        if targets is None:
+            targets = [None] * len(self.outputs)
+        return tuple(_output(staged, out, into) for out, into in zip(self.outputs, targets, strict=True)), failed
 
 
 @functools.cache
@@ -525,17 +534,32 @@ def _host_bytes(t: torch.Tensor) -> memoryview:
     return raw
 
 
-def _output(staged: torch.Tensor, out: OutputSpec) -> torch.Tensor:
-    """One output copied out of the mapped staging bytes straight into a fresh tensor. The copy is
-    PyTorch's, which splits a large one over its threads: one thread reads mapped memory at about
-    10 GB/s, a megabyte in 0.1 ms on an H200 host."""
+# a page of host memory: the stride at which `_fresh_output` touches a new tensor
+PAGE_BYTES = 4096
+
+
+def _fresh_output(out: OutputSpec) -> torch.Tensor | None:
+    """A float output's tensor, allocated while the GPU runs, with one byte per page written so that
+    the kernel maps its pages now rather than during the copy out of staging memory (a fresh megabyte
+    is 256 page faults). Integer and bool outputs, staged as 32-bit words, are converted instead."""
+    if out.dtype in (torch.bool, torch.int64, torch.int32):
+        return None
+    result = torch.empty(out.shape, dtype=out.dtype)
+    result.view(-1).view(torch.uint8)[::PAGE_BYTES].zero_()
+    return result
+
+
+def _output(staged: torch.Tensor, out: OutputSpec, into: torch.Tensor | None = None) -> torch.Tensor:
+    """One output copied out of the mapped staging bytes straight into ``into`` or a fresh tensor.
+    The copy is PyTorch's, which splits a large one over its threads: one thread reads mapped memory
+    at about 10 GB/s, a megabyte in 0.1 ms on an H200 host."""
     n = numel(out.shape)
     words = staged[out.staging_offset : out.staging_offset + n * element_bytes(out.dtype)]
     if out.dtype in (torch.bool, torch.int64, torch.int32):  # stored as 32-bit words
         stored = torch.empty(n, dtype=torch.int32)
         stored.view(torch.uint8).copy_(words)
         return stored.to(out.dtype).reshape(out.shape)
-    result = torch.empty(out.shape, dtype=out.dtype)
+    result = torch.empty(out.shape, dtype=out.dtype) if into is None else into
     result.view(-1).view(torch.uint8).copy_(words)
     return result
 
