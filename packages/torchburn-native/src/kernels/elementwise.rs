@@ -221,6 +221,32 @@ pub fn validate(code: &[EOp], nregs: usize, n_in: usize, n_out: usize) -> Result
 pub trait Arith: Lane {
     fn unary(f: UnaryFn, a: &[Self], out: &mut [Self]);
     fn binary(f: BinaryFn, a: &[Self], b: &[Self], out: &mut [Self]);
+    /// `binary` with a scalar second operand (a constant, or an input the same for every element).
+    fn binary_vs(f: BinaryFn, a: &[Self], s: Self, out: &mut [Self]) {
+        let fill = [s; SCALAR_PIECE];
+        for (a, o) in a.chunks(SCALAR_PIECE).zip(out.chunks_mut(SCALAR_PIECE)) {
+            Self::binary(f, a, &fill[..a.len()], o);
+        }
+    }
+    /// `binary` with a scalar first operand.
+    fn binary_sv(f: BinaryFn, s: Self, b: &[Self], out: &mut [Self]) {
+        let fill = [s; SCALAR_PIECE];
+        for (b, o) in b.chunks(SCALAR_PIECE).zip(out.chunks_mut(SCALAR_PIECE)) {
+            Self::binary(f, &fill[..b.len()], b, o);
+        }
+    }
+}
+
+/// Elements per piece where a type without scalar-operand loops of its own (i64) repeats the scalar.
+const SCALAR_PIECE: usize = 256;
+
+/// Which operand of a binary step is the same for every element (a hoisted constant or 0-d input),
+/// read once per chunk instead of once per element.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Scalar {
+    Neither,
+    A,
+    B,
 }
 
 /// `out[i] = f(a[i])`. A macro rather than a function taking a closure: the body must be expanded
@@ -246,6 +272,88 @@ macro_rules! map2 {
             *o = $body;
         }
     };
+}
+
+/// `out[i] = f(a[i], s)` for a scalar `s`, expanded in place like [`map2`].
+macro_rules! map2_vs {
+    ($a:expr, $s:expr, $out:expr, |$x:ident, $y:ident| $body:expr $(,)?) => {{
+        let $y = $s;
+        for (o, &$x) in $out.iter_mut().zip($a) {
+            *o = $body;
+        }
+    }};
+}
+
+/// `out[i] = f(s, b[i])` for a scalar `s`, expanded in place like [`map2`].
+macro_rules! map2_sv {
+    ($s:expr, $b:expr, $out:expr, |$x:ident, $y:ident| $body:expr $(,)?) => {{
+        let $x = $s;
+        for (o, &$y) in $out.iter_mut().zip($b) {
+            *o = $body;
+        }
+    }};
+}
+
+/// The float binary ops, each expanded through `$m` (`map2`, `map2_vs` or `map2_sv`): one table for
+/// the three operand shapes, so a scalar operand costs no load per element.
+macro_rules! float_binary {
+    ($t:ty, $f:expr, $m:ident, $a:expr, $b:expr, $out:expr) => {{
+        let c = |v: bool| if v { 1.0 } else { 0.0 };
+        let nz = |v: $t| v != 0.0;
+        match $f {
+            BinaryFn::Add => $m!($a, $b, $out, |x, y| x + y),
+            BinaryFn::Sub => $m!($a, $b, $out, |x, y| x - y),
+            BinaryFn::Mul => $m!($a, $b, $out, |x, y| x * y),
+            BinaryFn::Div => $m!($a, $b, $out, |x, y| x / y),
+            BinaryFn::DivTrunc => $m!($a, $b, $out, |x, y| (x / y).trunc()),
+            BinaryFn::DivFloor => $m!($a, $b, $out, |x, y| (x / y).floor()),
+            BinaryFn::Pow => $m!($a, $b, $out, |x, y| x.powf(y)),
+            BinaryFn::Maximum => $m!($a, $b, $out, |x, y| {
+                if x.is_nan() || y.is_nan() {
+                    <$t>::NAN
+                } else {
+                    x.max(y)
+                }
+            }),
+            BinaryFn::Minimum => $m!($a, $b, $out, |x, y| {
+                if x.is_nan() || y.is_nan() {
+                    <$t>::NAN
+                } else {
+                    x.min(y)
+                }
+            }),
+            BinaryFn::Fmax => $m!($a, $b, $out, |x, y| x.max(y)),
+            BinaryFn::Fmin => $m!($a, $b, $out, |x, y| x.min(y)),
+            BinaryFn::Atan2 => $m!($a, $b, $out, |x, y| x.atan2(y)),
+            BinaryFn::Fmod => $m!($a, $b, $out, |x, y| x % y),
+            BinaryFn::Remainder => $m!($a, $b, $out, |x, y| {
+                let r = x % y;
+                if r != 0.0 && ((r < 0.0) != (y < 0.0)) {
+                    r + y
+                } else {
+                    r
+                }
+            }),
+            BinaryFn::Eq => $m!($a, $b, $out, |x, y| c(x == y)),
+            BinaryFn::Ne => $m!($a, $b, $out, |x, y| c(x != y)),
+            BinaryFn::Lt => $m!($a, $b, $out, |x, y| c(x < y)),
+            BinaryFn::Le => $m!($a, $b, $out, |x, y| c(x <= y)),
+            BinaryFn::Gt => $m!($a, $b, $out, |x, y| c(x > y)),
+            BinaryFn::Ge => $m!($a, $b, $out, |x, y| c(x >= y)),
+            BinaryFn::LogicalAnd | BinaryFn::BitAnd => {
+                $m!($a, $b, $out, |x, y| c(nz(x) && nz(y)))
+            }
+            BinaryFn::LogicalOr | BinaryFn::BitOr => {
+                $m!($a, $b, $out, |x, y| c(nz(x) || nz(y)))
+            }
+            BinaryFn::LogicalXor | BinaryFn::BitXor => {
+                $m!($a, $b, $out, |x, y| c(nz(x) != nz(y)))
+            }
+            BinaryFn::Shl | BinaryFn::Shr => $out.fill(<$t>::NAN), // rejected by the planner
+            BinaryFn::Copysign => $m!($a, $b, $out, |x, y| x.copysign(y)),
+            BinaryFn::Hypot => $m!($a, $b, $out, |x, y| x.hypot(y)),
+        }
+    }};
 }
 
 macro_rules! float_arith {
@@ -315,61 +423,17 @@ macro_rules! float_arith {
 
             #[inline(always)]
             fn binary(f: BinaryFn, a: &[$t], b: &[$t], out: &mut [$t]) {
-                let c = |v: bool| if v { 1.0 } else { 0.0 };
-                let nz = |v: $t| v != 0.0;
-                match f {
-                    BinaryFn::Add => map2!(a, b, out, |x, y| x + y),
-                    BinaryFn::Sub => map2!(a, b, out, |x, y| x - y),
-                    BinaryFn::Mul => map2!(a, b, out, |x, y| x * y),
-                    BinaryFn::Div => map2!(a, b, out, |x, y| x / y),
-                    BinaryFn::DivTrunc => map2!(a, b, out, |x, y| (x / y).trunc()),
-                    BinaryFn::DivFloor => map2!(a, b, out, |x, y| (x / y).floor()),
-                    BinaryFn::Pow => map2!(a, b, out, |x, y| x.powf(y)),
-                    BinaryFn::Maximum => map2!(a, b, out, |x, y| {
-                        if x.is_nan() || y.is_nan() {
-                            <$t>::NAN
-                        } else {
-                            x.max(y)
-                        }
-                    }),
-                    BinaryFn::Minimum => map2!(a, b, out, |x, y| {
-                        if x.is_nan() || y.is_nan() {
-                            <$t>::NAN
-                        } else {
-                            x.min(y)
-                        }
-                    }),
-                    BinaryFn::Fmax => map2!(a, b, out, |x, y| x.max(y)),
-                    BinaryFn::Fmin => map2!(a, b, out, |x, y| x.min(y)),
-                    BinaryFn::Atan2 => map2!(a, b, out, |x, y| x.atan2(y)),
-                    BinaryFn::Fmod => map2!(a, b, out, |x, y| x % y),
-                    BinaryFn::Remainder => map2!(a, b, out, |x, y| {
-                        let r = x % y;
-                        if r != 0.0 && ((r < 0.0) != (y < 0.0)) {
-                            r + y
-                        } else {
-                            r
-                        }
-                    }),
-                    BinaryFn::Eq => map2!(a, b, out, |x, y| c(x == y)),
-                    BinaryFn::Ne => map2!(a, b, out, |x, y| c(x != y)),
-                    BinaryFn::Lt => map2!(a, b, out, |x, y| c(x < y)),
-                    BinaryFn::Le => map2!(a, b, out, |x, y| c(x <= y)),
-                    BinaryFn::Gt => map2!(a, b, out, |x, y| c(x > y)),
-                    BinaryFn::Ge => map2!(a, b, out, |x, y| c(x >= y)),
-                    BinaryFn::LogicalAnd | BinaryFn::BitAnd => {
-                        map2!(a, b, out, |x, y| c(nz(x) && nz(y)))
-                    }
-                    BinaryFn::LogicalOr | BinaryFn::BitOr => {
-                        map2!(a, b, out, |x, y| c(nz(x) || nz(y)))
-                    }
-                    BinaryFn::LogicalXor | BinaryFn::BitXor => {
-                        map2!(a, b, out, |x, y| c(nz(x) != nz(y)))
-                    }
-                    BinaryFn::Shl | BinaryFn::Shr => out.fill(<$t>::NAN), // rejected by the planner
-                    BinaryFn::Copysign => map2!(a, b, out, |x, y| x.copysign(y)),
-                    BinaryFn::Hypot => map2!(a, b, out, |x, y| x.hypot(y)),
-                }
+                float_binary!($t, f, map2, a, b, out)
+            }
+
+            #[inline(always)]
+            fn binary_vs(f: BinaryFn, a: &[$t], s: $t, out: &mut [$t]) {
+                float_binary!($t, f, map2_vs, a, s, out)
+            }
+
+            #[inline(always)]
+            fn binary_sv(f: BinaryFn, s: $t, b: &[$t], out: &mut [$t]) {
+                float_binary!($t, f, map2_sv, s, b, out)
             }
         }
     };
@@ -582,6 +646,7 @@ enum Step {
         f: BinaryFn,
         a: usize,
         b: usize,
+        scalar: Scalar,
     },
     Where {
         d: Dst,
@@ -683,11 +748,18 @@ fn prepare(code: &[EOp], nregs: usize, inputs: &[View], outputs: &[View], lane: 
             EOp::Binary { d, f, a, b } => {
                 let (a, b) = (cur[a], cur[b]);
                 cur[d] = d;
+                // registers from nregs up are hoisted: the same value in every element
+                let scalar = match (a >= nregs, b >= nregs) {
+                    (false, true) => Scalar::B,
+                    (true, false) => Scalar::A,
+                    _ => Scalar::Neither,
+                };
                 steps.push(Step::Binary {
                     d: Dst::Reg(d),
                     f,
                     a,
                     b,
+                    scalar,
                 });
             }
             EOp::Where { d, c, a, b } => {
@@ -957,7 +1029,11 @@ unsafe fn run_chunk<T: Arith>(
                 }
             }
             Step::Unary { d, f, a } => T::unary(f, src(a), dst(d)),
-            Step::Binary { d, f, a, b } => T::binary(f, src(a), src(b), dst(d)),
+            Step::Binary { d, f, a, b, scalar } => match scalar {
+                Scalar::Neither => T::binary(f, src(a), src(b), dst(d)),
+                Scalar::B => T::binary_vs(f, src(a), **at.add(b), dst(d)),
+                Scalar::A => T::binary_sv(f, **at.add(a), src(b), dst(d)),
+            },
             Step::Where { d, c, a, b } => {
                 let (c, a, b, o) = (src(c), src(a), src(b), dst(d));
                 for i in 0..len {
@@ -1354,6 +1430,100 @@ mod tests {
             assert_eq!(out1[i], t, "{i}");
             let u = (if t < 0.0 { 0.0 } else { t }) - a;
             assert_eq!(out0[i], u * t / b, "{i}");
+        }
+    }
+
+    #[test]
+    fn scalar_operands_on_either_side_of_non_commutative_ops() {
+        // out0 = 3 - x, out1 = x / 4, out2 = s ** x (s a 0-d input), out3 = max(x, s): the hoisted
+        // constant or scalar read once per chunk, on the left or the right, in every domain
+        fn run_domain<T: Copy + Default>(
+            domain: Domain,
+            dtype: DType,
+            x: &mut [T],
+            s: &mut [T],
+        ) -> Vec<Vec<T>> {
+            let n = x.len();
+            let mut outs: Vec<Vec<T>> = (0..4).map(|_| vec![T::default(); n]).collect();
+            let c = |d, value: f64| EOp::Const {
+                d,
+                value,
+                ivalue: value as i64,
+            };
+            let bin = |d, f, a, b| EOp::Binary { d, f, a, b };
+            let code = vec![
+                EOp::Load { d: 0, input: 0 },
+                EOp::Load { d: 1, input: 1 },
+                c(2, 3.0),
+                c(3, 4.0),
+                bin(4, BinaryFn::Sub, 2, 0),
+                EOp::Store { a: 4, output: 0 },
+                bin(5, BinaryFn::Div, 0, 3),
+                EOp::Store { a: 5, output: 1 },
+                bin(6, BinaryFn::Pow, 1, 0),
+                EOp::Store { a: 6, output: 2 },
+                bin(7, BinaryFn::Maximum, 0, 1),
+                EOp::Store { a: 7, output: 3 },
+            ];
+            validate(&code, 8, 2, 4).unwrap();
+            let shape = [n];
+            let ins = [view(x, dtype, &shape, &[1]), view(s, dtype, &shape, &[0])];
+            let outs_v: Vec<View> = outs
+                .iter_mut()
+                .map(|o| view(o, dtype, &shape, &[1]))
+                .collect();
+            let p = prepare_for(domain, &code, 8, &ins, &outs_v);
+            assert!(
+                p.steps.iter().any(|st| matches!(
+                    st,
+                    Step::Binary {
+                        scalar: Scalar::A,
+                        ..
+                    }
+                )) && p.steps.iter().any(|st| matches!(
+                    st,
+                    Step::Binary {
+                        scalar: Scalar::B,
+                        ..
+                    }
+                )),
+                "{:?}",
+                p.steps
+            );
+            unsafe { run_prepared(domain, &shape, &ins, &outs_v, &p) };
+            outs
+        }
+        let n = 3000; // several chunks, and pieces of the integer fallback
+        let mut x: Vec<f32> = (0..n).map(|i| (i % 13) as f32 * 0.5 - 2.0).collect();
+        let mut s = vec![1.5f32];
+        let got = run_domain(Domain::F32, DType::F32, &mut x, &mut s);
+        for i in 0..n {
+            let v = x[i];
+            assert_eq!(got[0][i], 3.0 - v);
+            assert_eq!(got[1][i], v / 4.0);
+            assert_eq!(got[2][i], 1.5f32.powf(v));
+            assert_eq!(got[3][i], v.max(1.5));
+        }
+        let mut x: Vec<f64> = (0..n).map(|i| (i % 13) as f64 * 0.5 - 2.0).collect();
+        let mut s = vec![1.5f64];
+        let got = run_domain(Domain::F64, DType::F64, &mut x, &mut s);
+        for i in 0..n {
+            let v = x[i];
+            assert_eq!(
+                (got[0][i], got[1][i], got[2][i]),
+                (3.0 - v, v / 4.0, 1.5f64.powf(v))
+            );
+        }
+        let mut x: Vec<i64> = (0..n as i64).map(|i| i % 13 - 6).collect();
+        let mut s = vec![2i64];
+        let got = run_domain(Domain::I64, DType::I64, &mut x, &mut s);
+        for i in 0..n {
+            let v = x[i];
+            let pow = if v < 0 { 0 } else { 2i64.pow(v as u32) };
+            assert_eq!(
+                (got[0][i], got[1][i], got[2][i], got[3][i]),
+                (3 - v, v / 4, pow, v.max(2))
+            );
         }
     }
 
