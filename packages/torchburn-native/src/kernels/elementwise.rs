@@ -675,7 +675,8 @@ enum Hoisted {
 
 /// A chain's code specialized to its operands. Per chunk, the register machine would copy every input
 /// into a register, fill every constant, and copy every result out: three passes over L1 where one
-/// does. So: constants and scalar inputs move to registers of their own, filled once per task;
+/// does. So: constants and scalar inputs move to registers of their own, filled once per task (and a
+/// binary op reads such an operand as one scalar, not a load per element: see [`Scalar`]);
 /// contiguous inputs already of the compute type are read where they lie; and a result whose next
 /// use is the store into a contiguous output of the compute type is written there directly.
 ///
