@@ -347,7 +347,6 @@ def gpu_seconds(plan: Plan, repeats: int) -> float:
     """GPU time of one run of ``plan``'s kernels, uploads and readback excluded: its dispatches
     recorded ``repeats`` times into one submission, timed to completion, less one run's submission
     (the difference cancels the submit and wait latency), divided by ``repeats - 1``."""
-    import time
 
     def submit(times: int) -> float:
         device = plan.gpu.device
