@@ -197,3 +197,45 @@ def test_outputs_read_back_alike_however_they_are_paged_in_and_waited_for(
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
     assert_gpu_ran(3)
     assert made and any(made) is ahead  # only the float output is ever paged in ahead
+
+
+def _biased_gelu(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.gelu(x * 1.5 + b)
+
+
+# (name, function, inputs, whether its kernel moves four elements per load and store)
+VECTOR_CASES: list[tuple[str, Callable[..., Any], Callable[[], tuple[torch.Tensor, ...]], bool]] = [
+    ("row_bias", _biased_gelu, lambda: (torch.randn(64, 32), torch.randn(32)), True),
+    ("scalar_tensor", lambda x, s: x * s - 1, lambda: (torch.randn(1000), torch.tensor(0.25)), True),
+    ("bool_out", lambda x, y: (x > y) & (x > 0), lambda: (torch.randn(12, 8), torch.randn(8)), True),
+    ("int_out", lambda i, j: i * 3 - j, lambda: (torch.randint(-50, 50, (16, 4)), torch.randint(-9, 9, (4,))), True),
+    ("index_in_expr", lambda x: x + torch.arange(x.numel()).view_as(x), lambda: (torch.randn(8, 16),), True),
+    ("odd_numel", _biased_gelu, lambda: (torch.randn(63, 5), torch.randn(5)), False),
+    ("run_not_whole_vectors", _biased_gelu, lambda: (torch.randn(64, 6), torch.randn(6)), False),
+    ("unaligned_slice", lambda x: torch.sigmoid(x[1:]), lambda: (torch.randn(261),), False),
+    ("transposed", lambda x: torch.tanh(x.t()) + 1, lambda: (torch.randn(16, 8),), False),
+    ("column_broadcast", lambda x, c: x - c, lambda: (torch.randn(16, 8), torch.randn(16, 1)), False),
+    ("buffer_as_vector_and_scalar", lambda x: x / x[0, 0], lambda: (torch.randn(8, 8) + 3,), False),
+    ("half", lambda x: x * 2 + 1, lambda: (torch.randn(32, 8).half(),), False),
+]
+
+
+@pytest.mark.parametrize(("fn", "make", "vector"), [c[1:] for c in VECTOR_CASES], ids=[c[0] for c in VECTOR_CASES])
+def test_elementwise_kernels_move_vec4_where_layouts_allow_and_scalars_elsewhere(
+    gpu_compile: Callable[..., Any],
+    assert_gpu_ran: Callable[..., None],
+    fn: Callable[..., Any],
+    make: Callable[[], tuple[torch.Tensor, ...]],
+    vector: bool,
+) -> None:
+    """The vec4 path needs every operand aligned to four elements and read either in the output's
+    order, as a repeated run of whole vectors (a bias), or as one scalar; the others take the
+    scalar path. Both give eager's values."""
+    torch.manual_seed(0)
+    inputs = make()
+    torch.testing.assert_close(gpu_compile(fn)(*inputs), fn(*inputs), rtol=1e-5, atol=1e-5)
+    assert_gpu_ran(1)
+    (plan,) = recent_regions()[-1].plans.values()
+    kernels = [launch.source for launch in plan.launches if launch.family == "elementwise"]
+    assert kernels
+    assert all(("array<vec4<" in source) == vector for source in kernels), kernels[0][-600:]
