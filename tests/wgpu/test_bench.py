@@ -28,6 +28,9 @@ def test_bandwidth_lines_compare_rows_and_the_same_size_copy_with_the_copy_bandw
     assert "1000 GB/s = 25% of copy bandwidth" in line
     assert "copy kernel at this size moves 2000 GB/s = 50%" in line
     assert "copy kernel" not in next(x for x in derived(results, bandwidth=4e12) if x.startswith("gelu:"))
+    results[0]["wgpu_pass_s"] = moved / 3e12
+    (line,) = [line for line in derived(results, bandwidth=4e12) if line.startswith("gelu:")]
+    assert "timestamps around the kernel alone 3000 GB/s = 75%" in line
 
 
 @pytest.mark.parametrize("factor", [0.5, 3.0])

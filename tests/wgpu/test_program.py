@@ -239,3 +239,26 @@ def test_elementwise_kernels_move_vec4_where_layouts_allow_and_scalars_elsewhere
     kernels = [launch.source for launch in plan.launches if launch.family == "elementwise"]
     assert kernels
     assert all(("array<vec4<" in source) == vector for source in kernels), kernels[0][-600:]
+
+
+def test_kernel_time_by_gpu_timestamps_is_within_the_submissions_wall_time(gpu_compile: Callable[..., Any]) -> None:
+    """``pass_seconds`` reads the adapter's clock in nanoseconds: one run of a region's kernels takes
+    more than nothing and less than the wall time of submitting and waiting for it."""
+    import time
+
+    from torchburn_wgpu.program import pass_seconds, recording_plans
+
+    chain = gpu_compile(lambda x: torch.nn.functional.gelu(x * 2) + 1)
+    x = torch.randn(1 << 18)
+    chain(x)
+    with recording_plans() as plans:
+        chain(x)
+    (plan,) = plans
+    if not plan.gpu.timestamps:
+        assert pass_seconds(plan) is None
+        return
+    by_clock = pass_seconds(plan, runs=5)
+    started = time.perf_counter()
+    torch.testing.assert_close(chain(x), torch.nn.functional.gelu(x * 2) + 1)
+    wall = time.perf_counter() - started
+    assert by_clock is not None and 0 < by_clock < wall, (by_clock, wall)

@@ -8,7 +8,10 @@ Per row it reports four times, medians of repeated calls:
   every call of a wgpu-compiled model crosses the bus both ways, and this is CUDA eager doing the same;
 - ``wgpu``: the compiled model called as users call it, CPU tensors in and out: uploads of changed
   inputs, one submission, the readback of the outputs;
-- ``wgpu gpu``: the region's kernels alone, uploads and readback excluded (``program.gpu_seconds``).
+- ``wgpu gpu``: the region's kernels alone, uploads and readback excluded (``program.gpu_seconds``:
+  repeated in one submission, so each dispatch waits behind a barrier, as in a model).
+Where the adapter has timestamp queries, the bandwidth rows also show the kernels' own duration by
+the GPU's clock (``program.pass_seconds``), without that barrier.
 The derived lines compare mm 4096³ with cuBLAS (TF32 off) and GELU/softmax with the copy bandwidth
 (a 1 GiB CUDA device copy), and show what the engine's own copy kernel moves at the same size, timed
 the same way: below a few megabytes the fixed cost of a dispatch after a barrier, not the memory,
@@ -30,7 +33,7 @@ from torch import nn
 from torchburn.bench import ROWS, Row, _function, _gelu, _mm, _softmax
 
 from .device import gpu
-from .program import gpu_seconds, recording_plans
+from .program import gpu_seconds, pass_seconds, recording_plans
 
 GPU_ROWS = [r for r in ROWS if r.kind == "throughput"] + [
     Row("mm4096", "matmul 4096x4096 @ 4096x4096", _function(_mm, (4096, 4096), (4096, 4096)), tol=5e-2),
@@ -135,6 +138,9 @@ def run_row(row: Row, min_time: float) -> dict[str, Any]:
             raise RuntimeError(f"row {row.name}: no GPU program ran (the model was not compiled)")
         result["regions"] = len(plans)
         result["wgpu_gpu_s"] = sum(gpu_seconds(plan, 20) for plan in plans)
+        by_clock = [pass_seconds(plan) for plan in plans]
+        if all(t is not None for t in by_clock):
+            result["wgpu_pass_s"] = sum(t for t in by_clock if t is not None)
     return result
 
 
@@ -162,6 +168,10 @@ def derived(results: list[dict[str, Any]], bandwidth: float, copy_s: dict[int, f
                 f"{name}: wgpu kernels move {moved / 1e9:.0f} GB/s = {100 * moved / bandwidth:.0f}% of copy "
                 "bandwidth (target 50%)"
             )
+            if "wgpu_pass_s" in by_name[name]:
+                alone = 2 * elements * 4 / by_name[name]["wgpu_pass_s"]
+                share = 100 * alone / bandwidth
+                line += f"; by GPU timestamps around the kernel alone {alone / 1e9:.0f} GB/s = {share:.0f}%"
             if elements in copy_s:
                 copied = 2 * elements * 4 / copy_s[elements]
                 line += (

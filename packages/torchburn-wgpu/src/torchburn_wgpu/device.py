@@ -48,6 +48,7 @@ class Gpu:
     # row folds run on subgroup operations: the adapter has `subgroup` and lays subgroups out in
     # order of local index (the probe below), and TORCHBURN_WGPU_SUBGROUPS is not 0
     subgroups: bool
+    timestamps: bool  # the adapter can write GPU timestamps at a compute pass's start and end (benchmarks)
     max_binding_bytes: int  # the largest storage buffer one binding may cover
     max_buffer_bytes: int
     max_storage_buffers: int  # per shader stage
@@ -148,7 +149,7 @@ def _open() -> Gpu:
     adapter = _pick_adapter(wgpu, requested_backend())
     limits = adapter.limits
     features = set(adapter.features)
-    wanted_features = [f for f in ("shader-f16", "shader-f64", "subgroup") if f in features]
+    wanted_features = [f for f in ("shader-f16", "shader-f64", "subgroup", "timestamp-query") if f in features]
     # ask for what the adapter has, not WebGPU's portable defaults (8 storage buffers, 128 MiB bindings)
     required = {
         key: limits[key]
@@ -174,6 +175,7 @@ def _open() -> Gpu:
         f16="shader-f16" in wanted_features,
         f64="shader-f64" in wanted_features,
         subgroups="subgroup" in wanted_features and _subgroups_wanted() and _subgroups_in_order(wgpu, device),
+        timestamps="timestamp-query" in wanted_features,
         max_binding_bytes=int(limits["max-storage-buffer-binding-size"]),
         max_buffer_bytes=int(limits["max-buffer-size"]),
         max_storage_buffers=int(limits["max-storage-buffers-per-shader-stage"]),
