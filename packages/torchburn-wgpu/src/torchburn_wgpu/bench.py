@@ -10,8 +10,9 @@ Per row it reports four times, medians of repeated calls:
   inputs, one submission, the readback of the outputs;
 - ``wgpu gpu``: the region's kernels alone, uploads and readback excluded (``program.gpu_seconds``:
   repeated in one submission, so each dispatch waits behind a barrier, as in a model).
-Where the adapter has timestamp queries, the bandwidth rows also show the kernels' own duration by
-the GPU's clock (``program.pass_seconds``), without that barrier.
+Where the adapter has timestamp queries, the bandwidth rows also show a region run alone, timed by the
+GPU's clock at the start and end of its pass (``program.pass_seconds``): no barrier before it, but the
+pass's own start and drain inside (on an H200 this gave GELU at 1M elements less than the chain did).
 The derived lines compare mm 4096³ with cuBLAS (TF32 off) and GELU/softmax with the copy bandwidth
 (a 1 GiB CUDA device copy), and show what the engine's own copy kernel moves at the same size, timed
 the same way: below a few megabytes the fixed cost of a dispatch after a barrier, not the memory,
@@ -171,7 +172,7 @@ def derived(results: list[dict[str, Any]], bandwidth: float, copy_s: dict[int, f
             if "wgpu_pass_s" in by_name[name]:
                 alone = 2 * elements * 4 / by_name[name]["wgpu_pass_s"]
                 share = 100 * alone / bandwidth
-                line += f"; by GPU timestamps around the kernel alone {alone / 1e9:.0f} GB/s = {share:.0f}%"
+                line += f"; run alone, by GPU timestamps around its pass: {alone / 1e9:.0f} GB/s = {share:.0f}%"
             if elements in copy_s:
                 copied = 2 * elements * 4 / copy_s[elements]
                 line += (

@@ -377,8 +377,8 @@ def gpu_seconds(plan: Plan, repeats: int) -> float:
 def pass_seconds(plan: Plan, runs: int = 50) -> float | None:
     """GPU time of one run of ``plan``'s kernels by the adapter's own clock: timestamps written at the
     start and end of its compute pass, each run submitted alone; the median of ``runs``. Unlike
-    ``gpu_seconds`` this leaves out the barrier and launch that precede a dispatch in a chain of
-    dependent ones: it is the kernels' own duration. None where the adapter has no timestamp queries."""
+    ``gpu_seconds`` no barrier waits before the kernels, but the span holds the pass's own start and
+    drain. None where the adapter has no timestamp queries."""
     import numpy as np
     import wgpu
 
