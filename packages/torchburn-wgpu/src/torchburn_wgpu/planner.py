@@ -299,6 +299,20 @@ def _stored(expr: Expr, out: Value, name: Callable[[Expr], str]) -> str:
     return result
 
 
+# the threads of a launch cover the outputs (vectors) once per copy, a launch's width apart
+WIDTH = "    let width = groups.x * groups.y * 256u;"
+
+
+def _copy_index(name: str, copy: int) -> str:
+    """``name`` = the position of a thread's ``copy``-th output (vector); past the end the last one,
+    recomputed and never stored, so that loads stay in bounds."""
+    return f"    let {name} = min(t + {copy}u * width, params[0] - 1u);"
+
+
+def _guarded_store(copy: int, target: str, value: str) -> str:
+    return f"    if (t + {copy}u * width < params[0]) {{ out[{target}] = {value}; }}"
+
+
 def _render(expr: Expr, leaves: list[Value], slots: list[int], out: Value) -> str:
     """WGSL statements computing ``expr`` at ELEMENTS_PER_THREAD indices and storing the results.
 
@@ -316,20 +330,18 @@ def _render(expr: Expr, leaves: list[Value], slots: list[int], out: Value) -> st
             return f"params[{1 + rank + k * (rank + 1)}u] + {index}"
         return f"offset_of({k}u, {index})"
 
-    lines = ["    let width = groups.x * groups.y * 256u;"]
+    lines = [WIDTH]
     stores: list[str] = []
     for copy in range(ELEMENTS_PER_THREAD):
         index = f"i{copy}"
-        # past the end, a copy recomputes the last element (never stored): loads stay in bounds
-        lines.append(f"    let {index} = min(t + {copy}u * width, params[0] - 1u);")
+        lines.append(_copy_index(index, copy))
 
         def load(leaf: Value, index: str = index) -> str:
             k = leaf_index[leaf]
             return f"in{slots.index(leaf.slot)}[{address(k, leaf.strides, index)}]"
 
         result = _stored(expr, out, _namer(lines, f"e{copy}", index, load))
-        target = address(n_leaves, out.strides, index)
-        stores.append(f"    if (t + {copy}u * width < params[0]) {{ out[{target}] = {result}; }}")
+        stores.append(_guarded_store(copy, address(n_leaves, out.strides, index), result))
     return "\n".join(lines + stores)
 
 
@@ -345,11 +357,11 @@ def _render_vector(expr: Expr, leaves: list[Value], slots: list[int], out: Value
     def word(k: int, at: int = 0) -> str:
         return f"params[{1 + rank + k * (rank + 1) + at}u]"
 
-    lines = ["    let width = groups.x * groups.y * 256u;"]
+    lines = [WIDTH]
     stores: list[str] = []
     for copy in range(VECTORS_PER_THREAD):
         q = f"q{copy}"
-        lines.append(f"    let {q} = min(t + {copy}u * width, params[0] - 1u);")
+        lines.append(_copy_index(q, copy))
         loaded: dict[Value, str] = {}
         for k, (leaf, inner) in enumerate(zip(leaves, inners, strict=True)):
             if inner == 1:
@@ -369,5 +381,5 @@ def _render_vector(expr: Expr, leaves: list[Value], slots: list[int], out: Value
 
             lanes.append(_stored(expr, out, _namer(lines, f"e{copy}_{lane}", f"({q} * 4u + {lane}u)", load)))
         vector = f"{_vec4(WGSL_TYPES[out.dtype])}({', '.join(lanes)})"
-        stores.append(f"    if (t + {copy}u * width < params[0]) {{ out[{word(len(leaves))} + {q}] = {vector}; }}")
+        stores.append(_guarded_store(copy, f"{word(len(leaves))} + {q}", vector))
     return "\n".join(lines + stores)
