@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from torchburn_wgpu.device import gpu
 from torchburn_wgpu.program import recent_regions
 
 
@@ -233,6 +234,8 @@ def test_elementwise_kernels_move_vec4_where_layouts_allow_and_scalars_elsewhere
     scalar path. Both give eager's values."""
     torch.manual_seed(0)
     inputs = make()
+    if any(x.dtype == torch.float16 for x in inputs) and not gpu().f16:
+        pytest.skip("this adapter has no shader-f16 (float16 nodes are then declared unsupported)")
     torch.testing.assert_close(gpu_compile(fn)(*inputs), fn(*inputs), rtol=1e-5, atol=1e-5)
     assert_gpu_ran(1)
     (plan,) = recent_regions()[-1].plans.values()
