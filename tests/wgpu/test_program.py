@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from torchburn_wgpu import program
 from torchburn_wgpu.device import gpu
 from torchburn_wgpu.program import recent_regions
 
@@ -265,3 +266,22 @@ def test_kernel_time_by_gpu_timestamps_is_within_the_submissions_wall_time(gpu_c
     torch.testing.assert_close(chain(x), torch.nn.functional.gelu(x * 2) + 1)
     wall = time.perf_counter() - started
     assert by_clock is not None and 0 < by_clock < wall, (by_clock, wall)
+
+
+def test_a_region_called_with_another_layout_plans_again_and_back(gpu_compile: Callable[..., Any]) -> None:
+    """A call whose arguments match the last call's layouts reuses its plan without building a
+    signature; one that does not (here a transposed input of the same shape) gets its own plan, and
+    the first layout its first plan again."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + 1
+
+    x = torch.randn(8, 8)
+    gpu_compile(f)(x)
+    region = recent_regions()[-1]
+    xt = torch.randn(8, 8).t()
+    for arg in (x, xt, xt, x):
+        (got,) = region(arg)
+        torch.testing.assert_close(got, f(arg))
+    assert len(region.plans) == 2
+    assert region.plan([x]) is region.plans[program.signature([x])]

@@ -13,29 +13,10 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from torchburn.cpp_helpers import assert_size_stride, empty_strided_cpu
+
 from . import _native
 from .planner import DerivedInput, PlannedProgram, Planner
-
-
-def _python_empty_strided(size: Any, stride: Any, dtype: torch.dtype) -> torch.Tensor:
-    return torch.empty_strided(size, stride, dtype=dtype)
-
-
-def _python_assert_size_stride(t: torch.Tensor, size: Any, stride: Any) -> None:
-    if tuple(t.shape) != tuple(size) or t.stride() != tuple(stride):
-        raise AssertionError(f"expected size {size} and stride {stride}, got {tuple(t.shape)}, {t.stride()}")
-
-
-def _guards_helper(name: str, fallback: Callable[..., Any]) -> Callable[..., Any]:
-    """One of the C++ helpers inductor's generated code calls (a third of the cost of their Python
-    forms), or the Python form where this torch build lacks it."""
-    guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
-    helper = getattr(guards, name, None)
-    return helper if callable(helper) else fallback
-
-
-_empty_strided = _guards_helper("_empty_strided_cpu", _python_empty_strided)
-_assert_size_stride = _guards_helper("assert_size_stride", _python_assert_size_stride)
 
 
 def signature(args: Sequence[Any]) -> tuple[Any, ...]:
@@ -116,7 +97,9 @@ class CompiledRegion:
         if not planned.derived:
             outs = [(s.shape, s.strides, s.dtype) for s in planned.out_specs]
             extra = [c.data_ptr() for c in planned.constants]
-            return _native.FastCall(program, specs, outs, extra, planned.constants, _assert_size_stride, _empty_strided)
+            return _native.FastCall(
+                program, specs, outs, extra, planned.constants, assert_size_stride, empty_strided_cpu
+            )
 
         def checked(*call_args: Any) -> tuple[torch.Tensor, ...] | None:
             if len(call_args) != len(specs):
@@ -125,7 +108,7 @@ class CompiledRegion:
                 for a, (size, stride, dtype) in zip(call_args, specs, strict=True):
                     if a.dtype is not dtype:
                         return None
-                    _assert_size_stride(a, size, stride)
+                    assert_size_stride(a, size, stride)
             except (AssertionError, AttributeError, TypeError):
                 return None
             return self._run(program, planned, call_args)
@@ -133,7 +116,7 @@ class CompiledRegion:
         return checked
 
     def _run(self, program: _native.Program, planned: PlannedProgram, args: Sequence[Any]) -> tuple[torch.Tensor, ...]:
-        outs = tuple([_empty_strided(s.shape, s.strides, s.dtype) for s in planned.out_specs])
+        outs = tuple([empty_strided_cpu(s.shape, s.strides, s.dtype) for s in planned.out_specs])
         ins = [a.data_ptr() for a in args if isinstance(a, torch.Tensor)]
         if planned.constants:
             ins += [c.data_ptr() for c in planned.constants]
