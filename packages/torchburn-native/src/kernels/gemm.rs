@@ -303,11 +303,10 @@ pub unsafe fn gemm_hooked<T: GemmScalar>(
         return;
     }
     let threads = crate::threads::current();
-    let parallel = allow_parallel
-        && threads > 1
-        && m.saturating_mul(n).saturating_mul(k) >= PARALLEL_MIN_FLOPS;
+    let flops = m.saturating_mul(n).saturating_mul(k);
+    let parallel = allow_parallel && threads > 1 && flops >= PARALLEL_MIN_FLOPS;
     let plain = hooks.before.is_none() && hooks.after.is_none() && b_panel == 0;
-    if parallel && plain && m.saturating_mul(n).saturating_mul(k) >= HOST_THREADED_MIN_FLOPS {
+    if parallel && plain && flops >= HOST_THREADED_MIN_FLOPS {
         // a plain product: MKL's own threading (on the same OpenMP team) packs each shared operand
         // once for all threads, where a split by rows packs B on every thread
         let (host, set_threads) = (

@@ -362,7 +362,8 @@ def _render_vector(expr: Expr, leaves: list[Value], slots: list[int], out: Value
     for copy in range(VECTORS_PER_THREAD):
         q = f"q{copy}"
         lines.append(_copy_index(q, copy))
-        loaded: dict[Value, str] = {}
+        # per operand, what each lane reads: the scalar itself, or its lane of the loaded vector
+        lane_of: dict[Value, str] = {}
         for k, (leaf, inner) in enumerate(zip(leaves, inners, strict=True)):
             if inner == 1:
                 address = word(k)
@@ -370,14 +371,13 @@ def _render_vector(expr: Expr, leaves: list[Value], slots: list[int], out: Value
                 address = f"{word(k)} + {q}"
             else:
                 address = f"{word(k)} + {q} % {word(k, 1)}"
-            loaded[leaf] = f"v{copy}_{k}"
+            lane_of[leaf] = f"v{copy}_{k}" if inner == 1 else f"v{copy}_{k}[{{lane}}]"
             lines.append(f"    let v{copy}_{k} = in{slots.index(leaf.slot)}[{address}];")
         lanes = []
         for lane in range(4):
 
-            def load(leaf: Value, lane: int = lane, loaded: dict[Value, str] = loaded) -> str:
-                scalar = inners[leaves.index(leaf)] == 1
-                return loaded[leaf] if scalar else f"{loaded[leaf]}[{lane}]"
+            def load(leaf: Value, lane: int = lane, lane_of: dict[Value, str] = lane_of) -> str:
+                return lane_of[leaf].format(lane=lane)
 
             lanes.append(_stored(expr, out, _namer(lines, f"e{copy}_{lane}", f"({q} * 4u + {lane}u)", load)))
         vector = f"{_vec4(WGSL_TYPES[out.dtype])}({', '.join(lanes)})"
