@@ -357,7 +357,7 @@ macro_rules! float_binary {
 }
 
 macro_rules! float_arith {
-    ($t:ty, $exp:expr, $ln:expr, $tanh:expr, $sigmoid:expr, $erf:expr, $gelu:expr, $gelu_tanh:expr) => {
+    ($t:ty, $exp:expr, $ln:expr, $tanh:expr, $sigmoid:expr, $erf:expr, $gelu_slice:expr, $gelu_tanh:expr) => {
         impl Arith for $t {
             #[inline(always)]
             fn unary(f: UnaryFn, a: &[$t], out: &mut [$t]) {
@@ -370,7 +370,7 @@ macro_rules! float_arith {
                     UnaryFn::Relu => map1!(a, out, |x| if x < 0.0 { 0.0 } else { x }),
                     UnaryFn::Sigmoid => map1!(a, out, $sigmoid),
                     UnaryFn::Tanh => map1!(a, out, $tanh),
-                    UnaryFn::Gelu => map1!(a, out, $gelu),
+                    UnaryFn::Gelu => ($gelu_slice)(a, out),
                     UnaryFn::GeluTanh => map1!(a, out, $gelu_tanh),
                     UnaryFn::Silu => map1!(a, out, |x| x * ($sigmoid)(x)),
                     UnaryFn::Hardswish => map1!(a, out, |x| x * (x + 3.0).clamp(0.0, 6.0) / 6.0),
@@ -446,7 +446,7 @@ float_arith!(
     math::tanh_f32,
     math::sigmoid_f32,
     math::erf_f32,
-    math::gelu_f32,
+    math::gelu_slice_f32,
     math::gelu_tanh_f32
 );
 float_arith!(
@@ -456,7 +456,9 @@ float_arith!(
     |x: f64| x.tanh(),
     |x: f64| 1.0 / (1.0 + (-x).exp()),
     erf_f64,
-    |x: f64| 0.5 * x * (1.0 + erf_f64(x * std::f64::consts::FRAC_1_SQRT_2)),
+    |a: &[f64], out: &mut [f64]| map1!(a, out, |x: f64| 0.5
+        * x
+        * (1.0 + erf_f64(x * std::f64::consts::FRAC_1_SQRT_2))),
     |x: f64| 0.5 * x * (1.0 + (0.797_884_560_802_865_4 * (x + 0.044715 * x * x * x)).tanh())
 );
 

@@ -3,6 +3,8 @@
 pub mod attention;
 pub mod conv;
 pub mod elementwise;
+#[cfg(target_arch = "x86_64")]
+pub mod gelu_x86;
 pub mod gemm;
 pub mod index;
 pub mod math;

@@ -1,0 +1,117 @@
+//! Exact-erf GELU over a slice in explicit AVX-512 or AVX2 instructions.
+//!
+//! The portable form in [`super::math`] ends its erf with a division, and a vector division is the
+//! slowest instruction in the loop (about ten cycles per 16 lanes, not pipelined): it alone made the
+//! in-cache GELU 20% slower than the same polynomial without it. Here the quotient comes from the
+//! hardware reciprocal estimate refined by one Newton step, which LLVM will not emit from portable
+//! code (it needs permission to reassociate the division), and the clamp and the infinities take one
+//! instruction each (`vrangeps`, `vfixupimmps`). Same rational, same clamp; the results differ from
+//! the portable form's by an ulp or two of erf, below its fit error.
+
+#![allow(clippy::excessive_precision)]
+
+use std::arch::x86_64::*;
+
+/// `erf(z) = z·p(z²)/q(z²)`, the fit of [`super::math`], with `z = x/√2` and GELU's one half folded in:
+/// with `s = x²`, `erf(x/√2)/2 = x·P(s)/Q(s)` where `P_i = p_i·2^-i/(2√2)` and `Q_i = q_i·2^-i`
+/// (highest power first), so that `gelu(x) = x·(1/2 + x·P(s)/Q(s))`.
+const P: [f32; 7] = fold(
+    [
+        1.911_311_7e-8,
+        -1.942_338e-6,
+        1.472_677_6e-4,
+        3.989_622_5e-3,
+        5.152_175e-2,
+        2.071_018_5e-1,
+        std::f64::consts::FRAC_2_SQRT_PI,
+    ],
+    0.5 * std::f64::consts::FRAC_1_SQRT_2,
+);
+const Q: [f32; 5] = fold(
+    [
+        1.020_896_4e-3,
+        1.495_608_3e-2,
+        1.179_610_5e-1,
+        5.168_705e-1,
+        1.0,
+    ],
+    1.0,
+);
+/// Beyond |x/√2| = 4 erf is ±1 in f32 (and the rational is fitted only that far).
+const CLAMP: f32 = 4.0 * std::f32::consts::SQRT_2;
+
+const fn fold<const N: usize>(c: [f64; N], scale: f64) -> [f32; N] {
+    let mut out = [0f32; N];
+    let mut i = 0;
+    while i < N {
+        // c[i] multiplies t^(N-1-i) and t = s/2
+        let mut k = c[i] * scale;
+        let mut j = 0;
+        while j < N - 1 - i {
+            k *= 0.5;
+            j += 1;
+        }
+        out[i] = k as f32;
+        i += 1;
+    }
+    out
+}
+
+/// GELU of `a` into `out` (same length) where the CPU has AVX-512 (F and DQ); false where it has not.
+///
+/// AVX2 machines keep the portable loop: with eight lanes a division costs less, the clamp and the
+/// infinities take two instructions each, and the gain was not measured on such a machine.
+pub fn gelu_f32(a: &[f32], out: &mut [f32]) -> bool {
+    debug_assert_eq!(a.len(), out.len());
+    if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq") {
+        // SAFETY: the CPU has AVX-512F and DQ; the function reads and writes only within the slices
+        unsafe { gelu_avx512(a, out) };
+        true
+    } else {
+        false
+    }
+}
+
+/// `vfixupimmps` table: lanes whose input is -inf (class 4) or +inf (class 5) become the default NaN
+/// (response 3), as PyTorch's GELU gives there; every other class keeps the computed value (0).
+const INFINITIES_TO_NAN: i32 = (3 << 16) | (3 << 20);
+/// `vrangeps` control: the smaller absolute value (0b10) with the sign of the first operand (0b00 << 2),
+/// which clamps x to [-CLAMP, CLAMP] in one instruction (and keeps NaN).
+const CLAMP_KEEPING_SIGN: i32 = 0b0010;
+
+#[target_feature(enable = "avx512f,avx512dq")]
+unsafe fn gelu_avx512(a: &[f32], out: &mut [f32]) {
+    let n = a.len().min(out.len());
+    let (clamp, half) = (_mm512_set1_ps(CLAMP), _mm512_set1_ps(0.5));
+    let fixup = _mm512_set1_epi32(INFINITIES_TO_NAN);
+    let mut i = 0;
+    while i + 16 <= n {
+        let x = _mm512_loadu_ps(a.as_ptr().add(i));
+        let xc = _mm512_range_ps::<CLAMP_KEEPING_SIGN>(x, clamp);
+        let s = _mm512_mul_ps(xc, xc);
+        let mut p = _mm512_set1_ps(P[0]);
+        for &c in &P[1..] {
+            p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(c));
+        }
+        let mut q = _mm512_set1_ps(Q[0]);
+        for &c in &Q[1..] {
+            q = _mm512_fmadd_ps(q, s, _mm512_set1_ps(c));
+        }
+        // erf/2 = num/q: a 14-bit reciprocal estimate, then one Newton step on the quotient itself
+        let num = _mm512_mul_ps(xc, p);
+        let r = _mm512_rcp14_ps(q);
+        let y = _mm512_mul_ps(num, r);
+        let half_erf = _mm512_fmadd_ps(_mm512_fnmadd_ps(q, y, num), r, y);
+        // Φ(x) = 1/2 + erf/2. At the clamp's low end the fit lands a few 1e-8 below zero, which
+        // times a large negative x would be far off; max(0, ·) makes it the exact 0 (-0 out, as
+        // PyTorch). Its second operand wins when one is NaN, so NaN stays NaN.
+        let phi = _mm512_max_ps(_mm512_setzero_ps(), _mm512_add_ps(half, half_erf));
+        let g = _mm512_mul_ps(x, phi);
+        let g = _mm512_fixupimm_ps::<0>(g, x, fixup);
+        _mm512_storeu_ps(out.as_mut_ptr().add(i), g);
+        i += 16;
+    }
+    for j in i..n {
+        out[j] = super::math::gelu_f32(a[j]);
+    }
+}
