@@ -60,6 +60,25 @@ def test_gemm_bias_of_every_broadcast_with_beta_alpha_and_relu(bias_shape: tuple
     assert plan["activations"] == ["relu"]
 
 
+def test_attention_reads_a_fused_projection_in_place_and_writes_the_next_ones_layout() -> None:
+    """In an encoder layer q, k and v are strided slices of one [b, t, 3, h, d] product and the
+    attention output goes on as [b, t, h·d]: attention reads and writes those layouts in place, so
+    no copy sits between the three products."""
+    torch.manual_seed(3)
+    layer = torch.nn.TransformerEncoderLayer(96, 4, dim_feedforward=128, batch_first=True).eval()
+    plan = _compile_and_check(layer, torch.randn(3, 50, 96), rtol=1e-4, atol=1e-4)
+    assert plan["instructions"][:3] == ["matmul", "sdpa", "matmul"], plan["instructions"]
+
+
+def test_attention_after_multihead_attentions_own_copies() -> None:
+    # nn.MultiheadAttention called directly makes q, k and v contiguous itself (sequence-first here)
+    torch.manual_seed(4)
+    mha = torch.nn.MultiheadAttention(96, 4).eval()
+    x = torch.randn(50, 3, 96)
+    plan = _compile_and_check(lambda t: mha(t, t, t, need_weights=False)[0], x, rtol=1e-4, atol=1e-5)
+    assert "sdpa" in plan["instructions"]
+
+
 def test_memory_plan_reuses_intermediate_buffers() -> None:
     w = [torch.randn(128, 128) / 10 for _ in range(6)]
 

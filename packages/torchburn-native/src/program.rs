@@ -53,6 +53,36 @@ impl Frame<'_> {
     unsafe fn slice_mut<T>(&self, op: &Operand) -> &mut [T] {
         std::slice::from_raw_parts_mut(self.ptr(op) as *mut T, op.numel())
     }
+
+    /// The `len` elements from `op`'s first: a strided operand's whole span (validated against its
+    /// buffer in Program::new).
+    unsafe fn span<T>(&self, op: &Operand, len: usize) -> &[T] {
+        std::slice::from_raw_parts(self.ptr(op) as *const T, len)
+    }
+
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn span_mut<T>(&self, op: &Operand, len: usize) -> &mut [T] {
+        std::slice::from_raw_parts_mut(self.ptr(op) as *mut T, len)
+    }
+}
+
+/// An attention operand's row layout: 4-D f32 `[b, h, t, width]` with non-negative strides and
+/// each row's `width` elements contiguous.
+fn head_rows(op: &Operand, what: &str) -> Result<attention::HeadRows, String> {
+    if op.shape.len() != 4 || op.dtype != DType::F32 {
+        return Err(format!("sdpa {what} must be a 4-D f32 tensor"));
+    }
+    if op.strides.iter().any(|&s| s < 0) || (op.shape[3] > 1 && op.strides[3] != 1) {
+        return Err(format!(
+            "sdpa {what}: strides {:?} must be non-negative with rows contiguous",
+            op.strides
+        ));
+    }
+    Ok(attention::HeadRows {
+        batch: op.strides[0] as usize,
+        head: op.strides[1] as usize,
+        row: op.strides[2] as usize,
+    })
 }
 
 fn check_operand(
@@ -315,12 +345,9 @@ impl Program {
                     lse,
                     ..
                 } => {
-                    for op in [q, k, v, out] {
+                    for (op, what) in [(q, "q"), (k, "k"), (v, "v"), (out, "out")] {
                         chk(op)?;
-                        require_contiguous(op, "sdpa", F32)?;
-                        if op.shape.len() != 4 {
-                            return Err("sdpa operands must be 4-D".into());
-                        }
+                        head_rows(op, what)?;
                     }
                     let (b, h, tq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
                     let (tk, dv) = (k.shape[2], v.shape[3]);
@@ -329,6 +356,13 @@ impl Program {
                         || out.shape != [b, h, tq, dv]
                     {
                         return Err("sdpa shapes do not agree".into());
+                    }
+                    // tasks write their output rows in parallel
+                    if !head_rows(out, "out")?.rows_disjoint(b, h, tq, dv) {
+                        return Err(format!(
+                            "sdpa out: strides {:?} make rows overlap",
+                            out.strides
+                        ));
                     }
                     if let Some(m) = mask {
                         chk(m)?;
@@ -839,15 +873,25 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
                     },
                 }
             });
-            attention::sdpa_f32(
+            // validated in Program::new
+            let rows = |op: &Operand| head_rows(op, "").expect("sdpa operand layout");
+            let rows = attention::SdpaRows {
+                q: rows(q),
+                k: rows(k),
+                v: rows(v),
+                out: rows(out),
+            };
+            let (b, h) = (s.b, s.h);
+            attention::sdpa_f32_rows(
                 &s,
-                f.slice(q),
-                f.slice(k),
-                f.slice(v),
+                &rows,
+                f.span(q, rows.q.span(b, h, s.tq, s.d)),
+                f.span(k, rows.k.span(b, h, s.tk, s.d)),
+                f.span(v, rows.v.span(b, h, s.tk, s.dv)),
                 mask_data,
                 *causal,
                 *scale as f32,
-                f.slice_mut(out),
+                f.span_mut(out, rows.out.span(b, h, s.tq, s.dv)),
                 lse.as_ref().map(|l| f.slice_mut(l)),
             );
         }

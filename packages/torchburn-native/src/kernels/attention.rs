@@ -61,7 +61,7 @@ const KB: usize = 128;
 const SERIAL_MAX_FLOPS: usize = 1 << 20;
 
 /// Dimensions of one attention call: `q [b, h, tq, d]`, `k [b, h, tk, d]`, `v [b, h, tk, dv]`,
-/// `out [b, h, tq, dv]`, all contiguous.
+/// `out [b, h, tq, dv]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SdpaShape {
     pub b: usize,
@@ -71,6 +71,90 @@ pub struct SdpaShape {
     pub d: usize,
     pub dv: usize,
 }
+
+/// Where one operand's rows lie: row `t` of head `(b, h)` starts at element
+/// `b·batch + h·head + t·row`, and its `d` (or `dv`) elements follow contiguously. Attention's
+/// operands are often views: q, k and v slices of one fused projection (`[b, t, 3, h, d]`), the
+/// output written straight into the `[b, t, h, dv]` order the next projection reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadRows {
+    pub batch: usize,
+    pub head: usize,
+    pub row: usize,
+}
+
+impl HeadRows {
+    /// The rows of a contiguous `[b, h, t, width]` tensor.
+    pub fn contiguous(h: usize, t: usize, width: usize) -> Self {
+        HeadRows {
+            batch: h * t * width,
+            head: t * width,
+            row: width,
+        }
+    }
+
+    #[inline(always)]
+    fn at(&self, b: usize, h: usize, t: usize) -> usize {
+        b * self.batch + h * self.head + t * self.row
+    }
+
+    /// Elements from the first to one past the last of `[b, h, t, width]` (0 when empty).
+    pub fn span(&self, b: usize, h: usize, t: usize, width: usize) -> usize {
+        if b == 0 || h == 0 || t == 0 || width == 0 {
+            return 0;
+        }
+        [(b - 1, self.batch), (h - 1, self.head), (t - 1, self.row)]
+            .iter()
+            .try_fold(width, |acc, &(i, st)| i.checked_mul(st)?.checked_add(acc))
+            .expect("sdpa: operand strides overflow")
+    }
+
+    /// Whether no two of the `b·h·t` rows of `width` elements share an element (so tasks may write
+    /// their rows in parallel).
+    pub fn rows_disjoint(&self, b: usize, h: usize, t: usize, width: usize) -> bool {
+        let mut dims = [(self.batch, b), (self.head, h), (self.row, t)];
+        dims.sort_unstable();
+        let mut extent = width; // elements covered by the inner dimensions so far
+        for (stride, n) in dims {
+            if n <= 1 {
+                continue;
+            }
+            if stride < extent {
+                return false;
+            }
+            extent += stride * (n - 1);
+        }
+        true
+    }
+}
+
+/// The row layouts of one attention call's operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SdpaRows {
+    pub q: HeadRows,
+    pub k: HeadRows,
+    pub v: HeadRows,
+    pub out: HeadRows,
+}
+
+impl SdpaRows {
+    pub fn contiguous(s: &SdpaShape) -> Self {
+        SdpaRows {
+            q: HeadRows::contiguous(s.h, s.tq, s.d),
+            k: HeadRows::contiguous(s.h, s.tk, s.d),
+            v: HeadRows::contiguous(s.h, s.tk, s.dv),
+            out: HeadRows::contiguous(s.h, s.tq, s.dv),
+        }
+    }
+}
+
+/// The output's base pointer, shared by the tasks: each writes only its own rows, which
+/// [`HeadRows::rows_disjoint`] has checked never overlap.
+#[derive(Clone, Copy)]
+struct OutRows(*mut f32);
+// SAFETY: see the type's docs: tasks write disjoint rows, and the caller's `&mut` outlives them all.
+unsafe impl Send for OutRows {}
+unsafe impl Sync for OutRows {}
 
 /// An attention mask over `(batch, head, query, key)`, addressed by `strides` in elements
 /// (`data[b·s0 + h·s1 + q·s2 + k·s3]`); a stride of 0 broadcasts that axis.
@@ -97,6 +181,8 @@ impl AttnMask<'_> {
 /// Everything a task reads.
 struct Ctx<'a> {
     s: SdpaShape,
+    rows: SdpaRows,
+    out: OutRows,
     q: &'a [f32],
     k: &'a [f32],
     v: &'a [f32],
@@ -332,7 +418,7 @@ fn mask_keyrow(row: &mut [f32], ctx: &Ctx<'_>, bi: usize, hi: usize, q0: usize, 
     }
 }
 
-/// Attention for queries `q0 .. q0 + qn` of head `bh` (flattened batch·head) into `out` (`qn × dv`)
+/// Attention for queries `q0 .. q0 + qn` of head `bh` (flattened batch·head) into their output rows
 /// and `lse` (`qn`).
 #[multiversion(targets(
     "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
@@ -344,17 +430,17 @@ fn attend_block(
     bh: usize,
     q0: usize,
     qn: usize,
-    out: &mut [f32],
     lse: Option<&mut [f32]>,
     sc: &mut Scratch,
 ) {
-    let SdpaShape {
-        h, tq, tk, d, dv, ..
-    } = ctx.s;
+    let SdpaShape { h, tk, d, dv, .. } = ctx.s;
+    let rows = ctx.rows;
     let (bi, hi) = (bh / h, bh % h);
-    let qm = &ctx.q[(bh * tq + q0) * d..][..qn * d];
-    let kh = &ctx.k[bh * tk * d..][..tk * d];
-    let vh = &ctx.v[bh * tk * dv..][..tk * dv];
+    // this block's query rows, and the head's keys and values, each `*_rs` apart
+    let (q_rs, k_rs, v_rs) = (rows.q.row, rows.k.row, rows.v.row);
+    let qm = &ctx.q[rows.q.at(bi, hi, q0)..][..rows.q.span(1, 1, qn, d)];
+    let kh = &ctx.k[rows.k.at(bi, hi, 0)..][..rows.k.span(1, 1, tk, d)];
+    let vh = &ctx.v[rows.v.at(bi, hi, 0)..][..rows.v.span(1, 1, tk, dv)];
     let qpn = qn.div_ceil(NR);
     let qn_pad = qpn * NR;
     let (dv_full, dv_tail) = (dv / NR, dv % NR);
@@ -373,7 +459,7 @@ fn attend_block(
             for ii in 0..NR {
                 let i = pn * NR + ii;
                 if i < qn {
-                    for (dd, &qv) in qm[i * d..][..d].iter().enumerate() {
+                    for (dd, &qv) in qm[i * q_rs..][..d].iter().enumerate() {
                         panel[dd * NR + ii] = qv * ctx.scale;
                     }
                 } else {
@@ -401,8 +487,8 @@ fn attend_block(
         let st = &mut sc.st[..kn * qn_pad];
         // Sᵀ = K · (scale·Q)ᵀ: rows are keys, columns queries
         let kmat = MatA {
-            ptr: kh[k0 * d..].as_ptr(),
-            rs: d,
+            ptr: kh[k0 * k_rs..].as_ptr(),
+            rs: k_rs,
             cs: 1,
         };
         if blas {
@@ -414,13 +500,13 @@ fn attend_block(
                     d,
                     gemm::Mat {
                         ptr: kmat.ptr,
-                        rs: d as isize,
+                        rs: k_rs as isize,
                         cs: 1,
                     },
                     gemm::Mat {
                         ptr: qm.as_ptr(),
                         rs: 1,
-                        cs: d as isize,
+                        cs: q_rs as isize,
                     },
                     gemm::MatMut {
                         ptr: st.as_mut_ptr(),
@@ -440,7 +526,7 @@ fn attend_block(
                 }
             }
         } else {
-            // SAFETY: K rows k0 .. k0 + kn of d floats; qp holds qpn panels of d × NR; st is kn ×
+            // SAFETY: K rows k0 .. k0 + kn of d floats (k_rs apart); qp holds qpn panels of d × NR; st is kn ×
             // qn_pad.
             unsafe {
                 gemm_panels(
@@ -508,7 +594,7 @@ fn attend_block(
             rs: 1,
             cs: qn_pad,
         };
-        let vb = &vh[k0 * dv..][..kn * dv];
+        let vb = &vh[k0 * v_rs..][..rows.v.span(1, 1, kn, dv)];
         if blas {
             // SAFETY: P is qn × kn inside st (column-major, stride qn_pad); V's kn rows of dv; o is
             // qn × dv_pad.
@@ -524,7 +610,7 @@ fn attend_block(
                     },
                     gemm::Mat {
                         ptr: vb.as_ptr(),
-                        rs: dv as isize,
+                        rs: v_rs as isize,
                         cs: 1,
                     },
                     gemm::MatMut {
@@ -548,7 +634,7 @@ fn attend_block(
                 kn,
                 pmat,
                 vb.as_ptr(),
-                dv,
+                v_rs,
                 NR,
                 dv_full,
                 o.as_mut_ptr(),
@@ -558,8 +644,8 @@ fn attend_block(
         };
         if dv_tail > 0 {
             let vt = &mut sc.vtail[..kn * NR];
-            for (dst, src) in vt.chunks_exact_mut(NR).zip(vb.chunks_exact(dv)) {
-                dst[..dv_tail].copy_from_slice(&src[dv_full * NR..]);
+            for (j, dst) in vt.chunks_exact_mut(NR).enumerate() {
+                dst[..dv_tail].copy_from_slice(&vb[j * v_rs + dv_full * NR..][..dv_tail]);
                 dst[dv_tail..].fill(0.0);
             }
             // SAFETY: vt is kn × NR; the tail panel's columns dv_full·NR .. dv_pad lie inside o's
@@ -573,9 +659,13 @@ fn attend_block(
     }
 
     // normalise, with PyTorch's reset for fully masked rows (max -inf -> 0, sum 0 -> 1)
-    for i in 0..qn {
-        let sum = if l[i] == 0.0 { 1.0 } else { l[i] };
-        let orow = &mut out[i * dv..][..dv];
+    for (i, li) in l[..qn].iter_mut().enumerate() {
+        let sum = if *li == 0.0 { 1.0 } else { *li };
+        // SAFETY: row q0 + i of this head lies inside the output (`sdpa_f32_rows` checked its span)
+        // and belongs to this task alone (its rows are disjoint)
+        let orow = unsafe {
+            std::slice::from_raw_parts_mut(ctx.out.0.add(rows.out.at(bi, hi, q0 + i)), dv)
+        };
         if first {
             orow.fill(0.0);
         } else {
@@ -584,7 +674,7 @@ fn attend_block(
                 *dst = acc * inv;
             }
         }
-        l[i] = sum;
+        *li = sum;
     }
     if let Some(lse) = lse {
         for i in 0..qn {
@@ -599,7 +689,6 @@ struct Item<'o> {
     bh: usize,
     q0: usize,
     qn: usize,
-    out: &'o mut [f32],
     lse: Option<&'o mut [f32]>,
 }
 
@@ -622,6 +711,7 @@ pub fn sdpa_f32(
     out: &mut [f32],
     lse: Option<&mut [f32]>,
 ) {
+    let rows = SdpaRows::contiguous(s);
     let &SdpaShape {
         b,
         h,
@@ -630,24 +720,63 @@ pub fn sdpa_f32(
         d,
         dv,
     } = s;
-    let len = |dims: &[usize]| {
-        dims.iter()
-            .try_fold(1usize, |a, &x| a.checked_mul(x))
-            .expect("sdpa: shape overflows")
-    };
-    let check = |what: &str, got: usize, dims: &[usize]| {
-        let want = len(dims);
+    let exact = |what: &str, got: usize, want: usize| {
         assert_eq!(
             got, want,
-            "sdpa: {what} has {got} elements, shape {dims:?} needs {want}"
+            "sdpa: {what} has {got} elements, its shape needs {want}"
         );
     };
-    check("q", q.len(), &[b, h, tq, d]);
-    check("k", k.len(), &[b, h, tk, d]);
-    check("v", v.len(), &[b, h, tk, dv]);
-    check("out", out.len(), &[b, h, tq, dv]);
+    exact("q", q.len(), rows.q.span(b, h, tq, d));
+    exact("k", k.len(), rows.k.span(b, h, tk, d));
+    exact("v", v.len(), rows.v.span(b, h, tk, dv));
+    exact("out", out.len(), rows.out.span(b, h, tq, dv));
+    sdpa_f32_rows(s, &rows, q, k, v, mask, causal, scale, out, lse)
+}
+
+/// [`sdpa_f32`] over operands laid out by `rows`: each slice starts at its operand's first element
+/// and reaches at least its last. Reads may overlap (a stride of 0 shares one head's keys among
+/// several query heads); the output's rows must not. `lse`, if given, is `[b,h,tq]` contiguous.
+/// Panics if a slice is too short for its layout, the output's rows overlap, or a mask index would
+/// fall outside its data.
+#[allow(clippy::too_many_arguments)]
+pub fn sdpa_f32_rows(
+    s: &SdpaShape,
+    rows: &SdpaRows,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: Option<AttnMask<'_>>,
+    causal: bool,
+    scale: f32,
+    out: &mut [f32],
+    lse: Option<&mut [f32]>,
+) {
+    let &SdpaShape {
+        b,
+        h,
+        tq,
+        tk,
+        d,
+        dv,
+    } = s;
+    let covers = |what: &str, got: usize, layout: &HeadRows, t: usize, width: usize| {
+        let want = layout.span(b, h, t, width);
+        assert!(
+            got >= want,
+            "sdpa: {what} has {got} elements, its layout {layout:?} reaches {want}"
+        );
+    };
+    covers("q", q.len(), &rows.q, tq, d);
+    covers("k", k.len(), &rows.k, tk, d);
+    covers("v", v.len(), &rows.v, tk, dv);
+    covers("out", out.len(), &rows.out, tq, dv);
+    assert!(
+        rows.out.rows_disjoint(b, h, tq, dv),
+        "sdpa: output rows {:?} overlap",
+        rows.out
+    );
     if let Some(l) = lse.as_deref() {
-        check("lse", l.len(), &[b, h, tq]);
+        assert_eq!(l.len(), b * h * tq, "sdpa: lse must hold b·h·tq elements");
     }
     if let Some(mk) = &mask {
         let (mlen, st) = mk.parts();
@@ -664,6 +793,8 @@ pub fn sdpa_f32(
     }
     let ctx = Ctx {
         s: *s,
+        rows: *rows,
+        out: OutRows(out.as_mut_ptr()),
         q,
         k,
         v,
@@ -683,29 +814,19 @@ pub fn sdpa_f32(
         qb /= 2;
     }
     let mut items = Vec::with_capacity(b * h * tq.div_ceil(qb));
-    let (mut out_rest, mut lse_rest) = (out, lse);
+    let mut lse_rest = lse;
     for bh in 0..b * h {
         for q0 in (0..tq).step_by(qb) {
             let qn = qb.min(tq - q0);
-            let (o, rest) = std::mem::take(&mut out_rest).split_at_mut(qn * dv);
-            out_rest = rest;
             let l = lse_rest.take().map(|ls| {
                 let (l, rest) = ls.split_at_mut(qn);
                 lse_rest = Some(rest);
                 l
             });
-            items.push(Item {
-                bh,
-                q0,
-                qn,
-                out: o,
-                lse: l,
-            });
+            items.push(Item { bh, q0, qn, lse: l });
         }
     }
-    let run = |sc: &mut Scratch, it: Item<'_>| {
-        attend_block(&ctx, it.bh, it.q0, it.qn, it.out, it.lse, sc)
-    };
+    let run = |sc: &mut Scratch, it: Item<'_>| attend_block(&ctx, it.bh, it.q0, it.qn, it.lse, sc);
     let flops = b * h * tq * tk * (d + dv);
     if flops < SERIAL_MAX_FLOPS || items.len() == 1 {
         let mut sc = Scratch::new(s, qb);
@@ -832,6 +953,58 @@ mod tests {
         let mut out2 = vec![f32::NAN; out.len()];
         sdpa_f32(&s, &q, &k, &v, mask, causal, scale, &mut out2, None);
         assert_eq!(out, out2);
+
+        // and the same through strided rows: each input's rows spread out [b, t, h, width + 3]-wise
+        // with NaN in the gaps (a read of one would poison the output), the output written as
+        // [b, tq, h, dv]
+        let spread = |x: &[f32], t: usize, w: usize| {
+            let pitch = w + 3;
+            let rows = HeadRows {
+                batch: t * s.h * pitch,
+                head: pitch,
+                row: s.h * pitch,
+            };
+            let mut buf = vec![f32::NAN; s.b * t * s.h * pitch];
+            for bh in 0..s.b * s.h {
+                for ti in 0..t {
+                    let at = rows.at(bh / s.h, bh % s.h, ti);
+                    buf[at..at + w].copy_from_slice(&x[(bh * t + ti) * w..][..w]);
+                }
+            }
+            (buf, rows)
+        };
+        let ((qs, q_rows), (ks, k_rows), (vs, v_rows)) = (
+            spread(&q, s.tq, s.d),
+            spread(&k, s.tk, s.d),
+            spread(&v, s.tk, s.dv),
+        );
+        let out_rows = HeadRows {
+            batch: s.tq * s.h * s.dv,
+            head: s.dv,
+            row: s.h * s.dv,
+        };
+        let rows = SdpaRows {
+            q: q_rows,
+            k: k_rows,
+            v: v_rows,
+            out: out_rows,
+        };
+        let mut out3 = vec![f32::NAN; out.len()];
+        sdpa_f32_rows(
+            &s, &rows, &qs, &ks, &vs, mask, causal, scale, &mut out3, None,
+        );
+        for bh in 0..s.b * s.h {
+            for ti in 0..s.tq {
+                let got = &out3[out_rows.at(bh / s.h, bh % s.h, ti)..][..s.dv];
+                let w = &want[(bh * s.tq + ti) * s.dv..][..s.dv];
+                for (j, (&g, &w)) in got.iter().zip(w).enumerate() {
+                    assert!(
+                        (g as f64 - w).abs() < 2e-5 * (1.0 + w.abs()),
+                        "{s:?} causal={causal} strided out[{bh}, {ti}, {j}]: {g} vs {w}"
+                    );
+                }
+            }
+        }
         (out, lse)
     }
 
@@ -1035,6 +1208,77 @@ mod tests {
             &mut [0.0; 2],
             None,
         );
+    }
+
+    #[test]
+    fn heads_may_share_keys_and_values() {
+        // grouped-query style: k and v have one head, read by all three query heads (head stride 0)
+        let s = shape(2, 3, 9, 11, 8, 5);
+        let q = data(s.b * s.h * s.tq * s.d, 7);
+        let k1 = data(s.b * s.tk * s.d, 8);
+        let v1 = data(s.b * s.tk * s.dv, 9);
+        let expand = |x: &[f32], w: usize| -> Vec<f32> {
+            let per = s.tk * w;
+            (0..s.b * s.h)
+                .flat_map(|bh| x[(bh / s.h) * per..][..per].iter().copied())
+                .collect()
+        };
+        let (want, _) = reference(
+            &s,
+            &q,
+            &expand(&k1, s.d),
+            &expand(&v1, s.dv),
+            None,
+            false,
+            0.4,
+        );
+        let mut rows = SdpaRows::contiguous(&s);
+        rows.k = HeadRows {
+            batch: s.tk * s.d,
+            head: 0,
+            row: s.d,
+        };
+        rows.v = HeadRows {
+            batch: s.tk * s.dv,
+            head: 0,
+            row: s.dv,
+        };
+        let mut out = vec![f32::NAN; want.len()];
+        sdpa_f32_rows(&s, &rows, &q, &k1, &v1, None, false, 0.4, &mut out, None);
+        for (&g, &w) in out.iter().zip(&want) {
+            assert!((g as f64 - w).abs() < 2e-5 * (1.0 + w.abs()), "{g} vs {w}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "sdpa: output rows")]
+    fn overlapping_output_rows_rejected() {
+        let s = shape(1, 2, 3, 3, 4, 4);
+        let mut rows = SdpaRows::contiguous(&s);
+        rows.out.head = 2; // head 1's rows would start inside head 0's
+        let n = s.b * s.h * s.tq * s.d;
+        sdpa_f32_rows(
+            &s,
+            &rows,
+            &vec![0.0; n],
+            &vec![0.0; n],
+            &vec![0.0; n],
+            None,
+            false,
+            1.0,
+            &mut vec![0.0; n],
+            None,
+        );
+    }
+
+    #[test]
+    fn rows_disjoint_cases() {
+        let r = |batch, head, row| HeadRows { batch, head, row };
+        assert!(r(64 * 8 * 128, 64, 512).rows_disjoint(4, 8, 128, 64)); // [b, t, h, d]
+        assert!(HeadRows::contiguous(8, 128, 64).rows_disjoint(4, 8, 128, 64));
+        assert!(!r(64 * 8 * 128, 32, 512).rows_disjoint(4, 8, 128, 64)); // heads overlap
+        assert!(!r(0, 64, 512).rows_disjoint(2, 8, 128, 64)); // batches share rows
+        assert!(r(0, 64, 512).rows_disjoint(1, 8, 128, 64)); // a lone batch may have any stride
     }
 
     #[test]

@@ -1,6 +1,7 @@
 """Fused neural-network kernels: softmax, layer/group/RMS/batch norm, attention, pooling.
 
-Each takes contiguous operands (copies are inserted only when the producer left a strided view) and
+Each takes contiguous operands (copies are inserted only when the producer left a strided view;
+attention reads any view whose rows are contiguous) and
 computes half types in f32, converting at the edges as PyTorch's CPU kernels do.
 """
 
@@ -12,7 +13,7 @@ from typing import Any
 import torch
 
 from ..planner import Planner
-from ..values import FLOAT_DTYPES, Lazy, Tensorish, Value, domain_of, numel
+from ..values import FLOAT_DTYPES, Lazy, Tensorish, Value, contiguous_strides, domain_of, numel
 from . import lower
 from .elementwise import binary_expr, unary_expr
 
@@ -289,10 +290,10 @@ def sdpa(
     attn_mask: Tensorish | None = None,
     scale: float | None = None,
 ) -> tuple[Value, Value]:
-    qv, kv, vv = p.contiguous(q), p.contiguous(k), p.contiguous(v)
+    qv, kv, vv = _rows_in_place(p, q), _rows_in_place(p, k), _rows_in_place(p, v)
     b, h, tq, d = qv.shape
     tk, dv = kv.shape[2], vv.shape[3]
-    out = p.new_value((b, h, tq, dv), torch.float32)
+    out = _attention_output(p, node, (b, h, tq, dv))
     lse = p.new_value((b, h, tq), torch.float32)
     mask_op = None
     maskv = None
@@ -317,6 +318,28 @@ def sdpa(
         [out, lse],
     )
     return out, lse
+
+
+def _attention_output(p: Planner, node: Any, shape: tuple[int, int, int, int]) -> Value:
+    """Attention's output, laid out as PyTorch lays it out: in the query's order of heads and rows.
+    For q sliced from a fused [b, t, 3, h, d] projection that is [b, t, h, dv], and the usual
+    ``out.transpose(1, 2).reshape(b, t, h * dv)`` after it is then a view, not a copy."""
+    b, h, tq, dv = shape
+    out = p.new_value((b, tq, h, dv), torch.float32)
+    heads_inner = (tq * h * dv, dv, h * dv, 1)
+    meta = p.meta_env.get(node)
+    if isinstance(meta, (tuple, list)) and tuple(meta[0].stride()) == heads_inner and h > 1 and tq > 1:
+        return out.with_view(shape, heads_inner, out.offset)
+    return out.with_view(shape, contiguous_strides(shape), out.offset)
+
+
+def _rows_in_place(p: Planner, x: Tensorish) -> Value:
+    """An attention operand as it lies when each row is contiguous (q, k and v sliced from one fused
+    projection are read where they are), else a contiguous copy."""
+    if isinstance(x, Value) and x.dtype == torch.float32 and min(x.strides) >= 0:
+        if x.shape[-1] <= 1 or x.strides[-1] == 1:
+            return x
+    return p.contiguous(x)
 
 
 def _as4d(v: Value) -> tuple[Value, bool]:
