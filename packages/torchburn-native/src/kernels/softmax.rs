@@ -30,8 +30,6 @@ use crate::kernels::math::ln_f32;
 const LANES: usize = 32;
 /// Below this many elements a call runs on the calling thread: waking the pool costs microseconds.
 const SERIAL_MAX: usize = 32 * 1024;
-/// Elements per parallel task (whole rows, at least one).
-const GRAIN: usize = 16 * 1024;
 /// Widest column tile of the `inner > 1` path (its per-column max/sum buffers live on the stack).
 const TILE_MAX: usize = 2048;
 
@@ -141,15 +139,25 @@ fn max_keep<T: Elem>(acc: T, v: T) -> T {
     }
 }
 
-/// Sum of the lanes, in order. (A pairwise tree here looks better but makes LLVM's SLP vectorizer
-/// rebuild the lane loop around it with 2-wide vectors or scalars: measured 4x slower.)
+/// The lanes combined by pairwise halving: five dependent vector steps where an in-order fold is a
+/// chain of 31 scalar ones (see `norm::reduce_lanes`, where the chains were a third of a row's time).
+#[inline(always)]
+fn halve_lanes<T: Elem>(mut acc: [T; LANES], combine: impl Fn(T, T) -> T) -> T {
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        let (lo, hi) = acc.split_at_mut(width);
+        for (a, &b) in lo.iter_mut().zip(&hi[..width]) {
+            *a = combine(*a, b);
+        }
+    }
+    acc[0]
+}
+
+/// Sum of the lanes.
 #[inline(always)]
 fn reduce_lanes<T: Elem>(acc: [T; LANES]) -> T {
-    let mut s = T::ZERO;
-    for a in acc {
-        s = s + a;
-    }
-    s
+    halve_lanes(acc, |a, b| a + b)
 }
 
 /// Largest non-NaN element (`-inf` for an empty or all-NaN row).
@@ -166,8 +174,9 @@ fn row_max<T: Elem>(x: &[T]) -> T {
             *a = max_keep(*a, v);
         }
     }
-    let mut m = T::NEG_INF;
-    for &v in tail.iter().chain(&acc) {
+    // the lanes hold no NaN (max_keep drops it), so the order they are combined in cannot matter
+    let mut m = halve_lanes(acc, max_keep);
+    for &v in tail {
         m = max_keep(m, v);
     }
     m
@@ -407,7 +416,8 @@ fn softmax_impl<T: Elem>(
         if total < SERIAL_MAX {
             rows(input, out, n, log);
         } else {
-            let chunk = (GRAIN / n).max(1) * n;
+            // one contiguous block of rows per thread, as in `norm::for_row_chunks`
+            let chunk = (total / n).div_ceil(threads::current().max(1)) * n;
             let items: Vec<_> = input.chunks(chunk).zip(out.chunks_mut(chunk)).collect();
             threads::par_each(items, |(x, o)| rows(x, o, n, log));
         }
