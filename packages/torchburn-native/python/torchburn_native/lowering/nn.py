@@ -216,12 +216,20 @@ def _batch_norm_eval(
     out_meta, m1, m2 = p.out_meta()
     dtype = out_meta.dtype
     rank = len(x.shape)
-    inv = unary_expr(p, "rsqrt", binary_expr(p, "add", _per_channel(p, var, rank), float(eps), dtype), dtype)
-    y = binary_expr(p, "mul", binary_expr(p, "sub", x, _per_channel(p, mean, rank), dtype), inv, dtype)
+    # Per channel, once, as PyTorch's CPU kernel does: scale = weight / sqrt(var + eps) and
+    # shift = bias - mean · scale. The sweep over x is then a multiply and an add per element, where
+    # the textbook form also takes a reciprocal square root and three more operations per element.
+    cdt = _compute_dtype(dtype)
+    scale: Tensorish = unary_expr(p, "rsqrt", binary_expr(p, "add", var, float(eps), cdt), cdt)
     if weight is not None:
-        y = binary_expr(p, "mul", y, _per_channel(p, weight, rank), dtype)
+        scale = binary_expr(p, "mul", scale, weight, cdt)
+    scale = p.materialize(p.lazy(scale, domain_of(cdt)), dtype=cdt)
+    shift: Tensorish = unary_expr(p, "neg", binary_expr(p, "mul", mean, scale, cdt), cdt)
     if bias is not None:
-        y = binary_expr(p, "add", y, _per_channel(p, bias, rank), dtype)
+        shift = binary_expr(p, "add", shift, bias, cdt)
+    shift = p.materialize(p.lazy(shift, domain_of(cdt)), dtype=cdt)
+    y = binary_expr(p, "mul", x, _per_channel(p, scale, rank), dtype, domain_of(cdt))
+    y = binary_expr(p, "add", y, _per_channel(p, shift, rank), dtype, domain_of(cdt))
     return y, p.new_value(tuple(m1.shape), m1.dtype), p.new_value(tuple(m2.shape), m2.dtype)
 
 
