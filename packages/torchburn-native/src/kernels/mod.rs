@@ -7,6 +7,7 @@ pub mod elementwise;
 pub mod gelu_x86;
 pub mod gemm;
 pub mod index;
+pub mod lanes;
 pub mod math;
 pub mod norm;
 pub mod pool;

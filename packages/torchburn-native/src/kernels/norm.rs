@@ -16,6 +16,7 @@
 //!
 //! Work is split over the thread pool by rows (groups), on the calling thread when small.
 
+use crate::kernels::lanes;
 use crate::threads;
 use std::ops::{Add, Mul, Sub};
 
@@ -69,22 +70,10 @@ impl Elem for f64 {
     }
 }
 
-/// Sum of the lanes by pairwise halving: five dependent vector adds where an in-order sum is a chain
-/// of 31 scalar ones. A layer-norm row runs three of these, and on a 1024-wide row the chains were a
-/// third of its time (one thread, in cache: 187 -> 132 ns per row). (An earlier pairwise form made
-/// LLVM's SLP vectorizer rebuild the lane loops with 2-wide vectors, 4x slower; this one, splitting
-/// the halves off as slices, measured as above.)
+/// Sum of the lanes (see [`lanes::halve`]).
 #[inline(always)]
-fn reduce_lanes<T: Elem>(mut acc: [T; LANES]) -> T {
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        let (lo, hi) = acc.split_at_mut(width);
-        for (a, &b) in lo.iter_mut().zip(&hi[..width]) {
-            *a = *a + b;
-        }
-    }
-    acc[0]
+fn reduce_lanes<T: Elem>(acc: [T; LANES]) -> T {
+    lanes::halve(acc, |a, b| a + b)
 }
 
 // The sums below walk `as_chunks` (compile-time-sized chunks) zipped with the accumulator array.

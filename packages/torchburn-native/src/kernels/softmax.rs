@@ -18,6 +18,7 @@
 //! [`crate::kernels::math::exp_f32`] specialised to `x <= 0`) and [`ln_f32`], and is compiled per
 //! CPU target with `multiversion`; the f64 path shares the code with `std`'s libm `exp`/`ln`.
 
+use crate::kernels::lanes;
 use crate::threads;
 use std::ops::{Add, Div, Mul, Sub};
 
@@ -139,25 +140,10 @@ fn max_keep<T: Elem>(acc: T, v: T) -> T {
     }
 }
 
-/// The lanes combined by pairwise halving: five dependent vector steps where an in-order fold is a
-/// chain of 31 scalar ones (see `norm::reduce_lanes`, where the chains were a third of a row's time).
-#[inline(always)]
-fn halve_lanes<T: Elem>(mut acc: [T; LANES], combine: impl Fn(T, T) -> T) -> T {
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        let (lo, hi) = acc.split_at_mut(width);
-        for (a, &b) in lo.iter_mut().zip(&hi[..width]) {
-            *a = combine(*a, b);
-        }
-    }
-    acc[0]
-}
-
-/// Sum of the lanes.
+/// Sum of the lanes (see [`lanes::halve`]).
 #[inline(always)]
 fn reduce_lanes<T: Elem>(acc: [T; LANES]) -> T {
-    halve_lanes(acc, |a, b| a + b)
+    lanes::halve(acc, |a, b| a + b)
 }
 
 /// Largest non-NaN element (`-inf` for an empty or all-NaN row).
@@ -175,7 +161,7 @@ fn row_max<T: Elem>(x: &[T]) -> T {
         }
     }
     // the lanes hold no NaN (max_keep drops it), so the order they are combined in cannot matter
-    let mut m = halve_lanes(acc, max_keep);
+    let mut m = lanes::halve(acc, max_keep);
     for &v in tail {
         m = max_keep(m, v);
     }
