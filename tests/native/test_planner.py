@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -77,6 +78,51 @@ def test_attention_after_multihead_attentions_own_copies() -> None:
     x = torch.randn(50, 3, 96)
     plan = _compile_and_check(lambda t: mha(t, t, t, need_weights=False)[0], x, rtol=1e-4, atol=1e-5)
     assert "sdpa" in plan["instructions"]
+
+
+def _conv_instrs() -> list[dict]:  # type: ignore[type-arg]
+    region = recent_regions()[-1]
+    _, planned = next(iter(region._plans.values()))
+    return [i for i in json.loads(planned.plan_json)["instrs"] if i["kind"] == "conv2d"]
+
+
+@pytest.mark.parametrize(
+    ("c_in", "c_out", "size", "kernel", "batch"),
+    [(32, 48, (20, 17), 3, 2), (16, 8, (13, 24), 5, 1), (24, 24, (12, 12), 3, 3)],
+)
+def test_same_convolutions_run_as_shifted_gemms(
+    c_in: int, c_out: int, size: tuple[int, int], kernel: int, batch: int
+) -> None:
+    torch.manual_seed(c_in + kernel)
+    conv = torch.nn.Conv2d(c_in, c_out, kernel, padding=kernel // 2).eval()
+    x = torch.randn(batch, c_in, *size)
+    _compile_and_check(conv, x, rtol=1e-4, atol=1e-4)
+    (instr,) = _conv_instrs()
+    assert instr["weight_taps"]["shape"] == [kernel * kernel, c_out, c_in]
+
+
+def test_shifted_convolution_follows_a_weight_changed_in_place() -> None:
+    torch.manual_seed(5)
+    conv = torch.nn.Conv2d(16, 16, 3, padding=1).eval()
+    x = torch.randn(1, 16, 14, 14)
+    compiled = torch.compile(conv, backend="torchburn", options=STRICT)
+    with torch.no_grad():
+        compiled(x)
+        conv.weight.mul_(-0.5)  # the tap-major copy must be made again
+        torch.testing.assert_close(compiled(x), conv(x), rtol=1e-4, atol=1e-4)
+    assert _conv_instrs()[0]["weight_taps"] is not None
+
+
+@pytest.mark.parametrize(
+    ("stride", "padding", "size", "groups"),
+    [(2, 1, 28, 1), (1, 0, 28, 1), (1, 1, 7, 1), (1, 1, 28, 2)],
+    ids=["strided", "valid", "small-plane", "grouped"],
+)
+def test_other_convolutions_keep_im2col(stride: int, padding: int, size: int, groups: int) -> None:
+    torch.manual_seed(6)
+    conv = torch.nn.Conv2d(32, 32, 3, stride=stride, padding=padding, groups=groups).eval()
+    _compile_and_check(conv, torch.randn(1, 32, size, size), rtol=1e-4, atol=1e-4)
+    assert _conv_instrs()[0]["weight_taps"] is None
 
 
 def test_memory_plan_reuses_intermediate_buffers() -> None:

@@ -189,6 +189,10 @@ pub enum Instr {
     Conv2d {
         input: Operand,
         weight: Operand,
+        /// The weight tap-major, `[kh·kw, c_out, c_in]`: when present, the convolution runs as
+        /// shifted GEMMs (`kernels::conv_shifted`), which needs a stride-1 "same" convolution.
+        #[serde(default)]
+        weight_taps: Option<Operand>,
         bias: Option<Operand>,
         out: Operand,
         stride: [usize; 2],

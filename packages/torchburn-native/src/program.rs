@@ -11,7 +11,7 @@ use std::sync::Mutex;
 
 use crate::kernels::elementwise::{self, UnaryFn, View};
 use crate::kernels::gemm::{gemm_hooked, BlockFn, BlockHooks, GemmScalar, Mat, MatMut};
-use crate::kernels::{attention, conv, index, norm, pool, reduce, softmax};
+use crate::kernels::{attention, conv, conv_shifted, index, norm, pool, reduce, softmax};
 use crate::plan::{Buf, DType, Instr, Operand, Plan};
 
 pub struct Program {
@@ -63,6 +63,33 @@ impl Frame<'_> {
     #[allow(clippy::mut_from_ref)]
     unsafe fn span_mut<T>(&self, op: &Operand, len: usize) -> &mut [T] {
         std::slice::from_raw_parts_mut(self.ptr(op) as *mut T, len)
+    }
+}
+
+/// A forward convolution's shape from its (validated, 4-D) operands.
+fn conv2d_shape(
+    input: &Operand,
+    weight: &Operand,
+    out: &Operand,
+    stride: [usize; 2],
+    padding: [usize; 2],
+    dilation: [usize; 2],
+    groups: usize,
+) -> conv::Conv2dShape {
+    conv::Conv2dShape {
+        n: input.shape[0],
+        c_in: input.shape[1],
+        h: input.shape[2],
+        w: input.shape[3],
+        c_out: out.shape[1],
+        kh: weight.shape[2],
+        kw: weight.shape[3],
+        stride,
+        padding,
+        dilation,
+        groups,
+        h_out: out.shape[2],
+        w_out: out.shape[3],
     }
 }
 
@@ -387,9 +414,14 @@ impl Program {
                 Instr::Conv2d {
                     input,
                     weight,
+                    weight_taps,
                     bias,
                     out,
+                    stride,
+                    padding,
+                    dilation,
                     groups,
+                    transposed,
                     ..
                 } => {
                     for op in [input, weight, out] {
@@ -406,6 +438,28 @@ impl Program {
                     }
                     if *groups == 0 {
                         return Err("conv2d: groups must be positive".into());
+                    }
+                    if let Some(t) = weight_taps {
+                        chk(t)?;
+                        require_contiguous(t, "conv2d weight taps", &[weight.dtype])?;
+                        let (c_out, c_in, kh, kw) = (
+                            weight.shape[0],
+                            weight.shape[1],
+                            weight.shape[2],
+                            weight.shape[3],
+                        );
+                        if t.shape != [kh * kw, c_out, c_in] || *transposed {
+                            return Err(format!(
+                                "conv2d weight taps: shape {:?}, want [{}, {c_out}, {c_in}] of a forward convolution",
+                                t.shape,
+                                kh * kw
+                            ));
+                        }
+                        if !conv_shifted::applies(&conv2d_shape(
+                            input, weight, out, *stride, *padding, *dilation, *groups,
+                        )) {
+                            return Err("conv2d weight taps need a stride-1 'same' convolution with one group".into());
+                        }
                     }
                 }
                 Instr::MaxPool2d {
@@ -898,6 +952,7 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
         Instr::Conv2d {
             input,
             weight,
+            weight_taps,
             bias,
             out,
             stride,
@@ -943,28 +998,24 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
                             f.slice_mut(out),
                         );
                     } else {
-                        let s = conv::Conv2dShape {
-                            n,
-                            c_in,
-                            h,
-                            w,
-                            c_out,
-                            kh,
-                            kw,
-                            stride: *stride,
-                            padding: *padding,
-                            dilation: *dilation,
-                            groups: *groups,
-                            h_out,
-                            w_out,
-                        };
-                        conv::conv2d::<$t>(
-                            &s,
-                            f.slice(input),
-                            f.slice(weight),
-                            b,
-                            f.slice_mut(out),
-                        );
+                        let s =
+                            conv2d_shape(input, weight, out, *stride, *padding, *dilation, *groups);
+                        match weight_taps {
+                            Some(t) => conv_shifted::conv2d_shifted::<$t>(
+                                &s,
+                                f.slice(input),
+                                f.slice(t),
+                                b,
+                                f.slice_mut(out),
+                            ),
+                            None => conv::conv2d::<$t>(
+                                &s,
+                                f.slice(input),
+                                f.slice(weight),
+                                b,
+                                f.slice_mut(out),
+                            ),
+                        }
                     }
                 }};
             }

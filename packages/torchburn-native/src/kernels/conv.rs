@@ -68,12 +68,18 @@ pub trait ConvScalar:
     /// and reused across calls. Re-entrant: a nested call on the same thread (e.g. a rayon task
     /// stolen while waiting) gets a fresh allocation instead of panicking.
     fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R;
+
+    /// The same with a second per-thread buffer, for a scratch that a caller holds while it runs
+    /// tasks on its own thread that need [`ConvScalar::with_scratch`] (the shifted convolution's
+    /// padded input, shared by its tasks).
+    fn with_shared_scratch<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R;
 }
 
 macro_rules! impl_conv_scalar {
-    ($t:ty, $tls:ident) => {
+    ($t:ty, $tls:ident, $shared:ident) => {
         thread_local! {
             static $tls: RefCell<Vec<$t>> = const { RefCell::new(Vec::new()) };
+            static $shared: RefCell<Vec<$t>> = const { RefCell::new(Vec::new()) };
         }
 
         impl ConvScalar for $t {
@@ -90,24 +96,38 @@ macro_rules! impl_conv_scalar {
             }
 
             fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R {
-                $tls.with(|cell| match cell.try_borrow_mut() {
-                    Ok(mut buf) => {
-                        if buf.len() < len {
-                            // grow without copying the stale contents
-                            buf.clear();
-                            buf.resize(len, 0.0);
-                        }
-                        f(&mut buf[..len])
-                    }
-                    Err(_) => f(&mut vec![0.0; len]),
-                })
+                scratch_in(&$tls, len, f)
+            }
+
+            fn with_shared_scratch<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R {
+                scratch_in(&$shared, len, f)
             }
         }
     };
 }
 
-impl_conv_scalar!(f32, SCRATCH_F32);
-impl_conv_scalar!(f64, SCRATCH_F64);
+/// `f` on the first `len` elements of the thread-local buffer `tls`, grown as needed; a fresh
+/// allocation when the buffer is already borrowed further up this thread's stack.
+fn scratch_in<T: Copy + Default + 'static, R>(
+    tls: &'static std::thread::LocalKey<RefCell<Vec<T>>>,
+    len: usize,
+    f: impl FnOnce(&mut [T]) -> R,
+) -> R {
+    tls.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => {
+            if buf.len() < len {
+                // grow without copying the stale contents
+                buf.clear();
+                buf.resize(len, T::default());
+            }
+            f(&mut buf[..len])
+        }
+        Err(_) => f(&mut vec![T::default(); len]),
+    })
+}
+
+impl_conv_scalar!(f32, SCRATCH_F32, SHARED_F32);
+impl_conv_scalar!(f64, SCRATCH_F64, SHARED_F64);
 
 /// Shape of a 2-D convolution. `h_out`/`w_out` must equal
 /// `(h + 2·pad - dil·(k-1) - 1) / stride + 1`.
@@ -453,7 +473,7 @@ fn conv_gemm<T: ConvScalar>(
 
 /// A raw output pointer shared by rayon tasks that write disjoint parts of it.
 #[derive(Clone, Copy)]
-struct SyncPtr<T>(*mut T);
+pub(crate) struct SyncPtr<T>(pub(crate) *mut T);
 
 // SAFETY: only used to hand disjoint regions of one `&mut [T]` to tasks that run while it is
 // borrowed.
@@ -463,7 +483,7 @@ unsafe impl<T: Send> Sync for SyncPtr<T> {}
 
 impl<T> SyncPtr<T> {
     /// A method, so closures capture the whole (Sync) wrapper rather than the raw pointer field.
-    fn get(self) -> *mut T {
+    pub(crate) fn get(self) -> *mut T {
         self.0
     }
 }

@@ -2,6 +2,7 @@
 
 pub mod attention;
 pub mod conv;
+pub mod conv_shifted;
 pub mod elementwise;
 #[cfg(target_arch = "x86_64")]
 pub mod gelu_x86;

@@ -162,10 +162,20 @@ def convolution(
         output_padding = [0, output_padding[0]]
     else:
         x_op, w_op, o_op = xv.operand(), wv.operand(), out.operand()
+    taps = None
+    if xv.rank == 4 and _shifted_conv_pays(xv, wv, stride, padding, dilation, transposed, groups):
+        c_out, c_in, kh, kw = wv.shape
+        # the weight tap-major, [kh·kw, c_out, c_in], kept per version of the weight like Linear's
+        tap_major = wv.with_view(
+            (kh, kw, c_out, c_in), (wv.strides[2], wv.strides[3], wv.strides[0], wv.strides[1]), wv.offset
+        )
+        copy = p.row_major_copy(tap_major)
+        taps = copy.with_view((kh * kw, c_out, c_in), (c_out * c_in, c_in, 1), copy.offset)
     instr = {
         "kind": "conv2d",
         "input": x_op,
         "weight": w_op,
+        "weight_taps": taps.operand() if taps is not None else None,
         "bias": bv.operand() if bv is not None else None,
         "out": o_op,
         "stride": list(stride),
@@ -175,5 +185,43 @@ def convolution(
         "transposed": bool(transposed),
         "output_padding": list(output_padding),
     }
-    p.emit(instr, [xv, wv, bv], [out])
+    p.emit(instr, [xv, wv, bv, taps], [out])
     return out
+
+
+# planes at least this wide (and tall) run "same" convolutions as shifted GEMMs: the padded grid's
+# extra columns cost (w + k - 1) / w, which at ResNet's 7×7 planes lost to im2col (1.65x slower in a
+# first measurement); at 56², 28² and 14² they won (a 3×3 layer 2-12% faster, same process)
+SHIFTED_CONV_MIN_SIDE = 12
+# and at least this many input channels, the depth of each tap's product
+SHIFTED_CONV_MIN_CHANNELS = 16
+
+
+def _shifted_conv_pays(
+    xv: Value,
+    wv: Value,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    transposed: bool,
+    groups: int,
+) -> bool:
+    """Whether a 2-D convolution runs as shifted GEMMs (``kernels/conv_shifted.rs``): stride 1, no
+    dilation, one group, odd kernels padded to keep the size, on planes and channel counts where that
+    beats im2col, with a weight that is a region input (its tap-major copy is kept per version)."""
+    _, c_in, kh, kw = wv.shape
+    _, _, h, w = xv.shape
+    return (
+        not transposed
+        and groups == 1
+        and wv.buffer.kind == "in"
+        and xv.dtype in (torch.float32, torch.float64)
+        and list(stride) == [1, 1]
+        and list(dilation) == [1, 1]
+        and kh % 2 == 1
+        and kw % 2 == 1
+        and kh * kw > 1
+        and list(padding) == [kh // 2, kw // 2]
+        and min(h, w) >= SHIFTED_CONV_MIN_SIDE
+        and c_in >= SHIFTED_CONV_MIN_CHANNELS
+    )
