@@ -195,6 +195,8 @@ def convolution(
 SHIFTED_CONV_MIN_SIDE = 12
 # and at least this many input channels, the depth of each tap's product
 SHIFTED_CONV_MIN_CHANNELS = 16
+# and an image's zero-padded copy no larger than this: the kernel keeps it in a per-thread buffer
+SHIFTED_CONV_MAX_PADDED_BYTES = 16 << 20
 
 
 def _shifted_conv_pays(
@@ -224,4 +226,5 @@ def _shifted_conv_pays(
         and list(padding) == [kh // 2, kw // 2]
         and min(h, w) >= SHIFTED_CONV_MIN_SIDE
         and c_in >= SHIFTED_CONV_MIN_CHANNELS
+        and c_in * (h + kh - 1) * (w + kw - 1) * xv.dtype.itemsize <= SHIFTED_CONV_MAX_PADDED_BYTES
     )
