@@ -41,7 +41,7 @@
 //! inlined is compiled without the multiversioned caller's target features (no FMA, no AVX).
 
 use crate::kernels::gemm;
-use crate::threads;
+use crate::threads::{self, SendPtr};
 use multiversion::multiversion;
 
 /// Micro-kernel width in f32 columns (two AVX2 registers, one AVX-512 register).
@@ -148,14 +148,6 @@ impl SdpaRows {
     }
 }
 
-/// The output's base pointer, shared by the tasks: each writes only its own rows, which
-/// [`HeadRows::rows_disjoint`] has checked never overlap.
-#[derive(Clone, Copy)]
-struct OutRows(*mut f32);
-// SAFETY: see the type's docs: tasks write disjoint rows, and the caller's `&mut` outlives them all.
-unsafe impl Send for OutRows {}
-unsafe impl Sync for OutRows {}
-
 /// An attention mask over `(batch, head, query, key)`, addressed by `strides` in elements
 /// (`data[b·s0 + h·s1 + q·s2 + k·s3]`); a stride of 0 broadcasts that axis.
 #[derive(Clone, Copy, Debug)]
@@ -182,7 +174,9 @@ impl AttnMask<'_> {
 struct Ctx<'a> {
     s: SdpaShape,
     rows: SdpaRows,
-    out: OutRows,
+    /// The output's base pointer, shared by the tasks: each writes only its own rows, which
+    /// [`HeadRows::rows_disjoint`] has checked never overlap.
+    out: SendPtr<f32>,
     q: &'a [f32],
     k: &'a [f32],
     v: &'a [f32],
@@ -664,7 +658,7 @@ fn attend_block(
         // SAFETY: row q0 + i of this head lies inside the output (`sdpa_f32_rows` checked its span)
         // and belongs to this task alone (its rows are disjoint)
         let orow = unsafe {
-            std::slice::from_raw_parts_mut(ctx.out.0.add(rows.out.at(bi, hi, q0 + i)), dv)
+            std::slice::from_raw_parts_mut(ctx.out.get().add(rows.out.at(bi, hi, q0 + i)), dv)
         };
         if first {
             orow.fill(0.0);
@@ -794,7 +788,7 @@ pub fn sdpa_f32_rows(
     let ctx = Ctx {
         s: *s,
         rows: *rows,
-        out: OutRows(out.as_mut_ptr()),
+        out: SendPtr(out.as_mut_ptr()),
         q,
         k,
         v,

@@ -473,7 +473,7 @@ fn conv_gemm<T: ConvScalar>(
 
 /// A raw output pointer shared by rayon tasks that write disjoint parts of it.
 #[derive(Clone, Copy)]
-pub(crate) struct SyncPtr<T>(pub(crate) *mut T);
+struct SyncPtr<T>(*mut T);
 
 // SAFETY: only used to hand disjoint regions of one `&mut [T]` to tasks that run while it is
 // borrowed.
@@ -483,7 +483,7 @@ unsafe impl<T: Send> Sync for SyncPtr<T> {}
 
 impl<T> SyncPtr<T> {
     /// A method, so closures capture the whole (Sync) wrapper rather than the raw pointer field.
-    pub(crate) fn get(self) -> *mut T {
+    fn get(self) -> *mut T {
         self.0
     }
 }

@@ -19,9 +19,9 @@
 //! [`ACC_BYTES`]), each running its GEMMs single-threaded. The padded copy of one image is kept in a
 //! per-thread buffer between calls; the planner takes this path only while that copy is small.
 
-use crate::kernels::conv::{numel, Conv2dShape, ConvScalar, SyncPtr};
+use crate::kernels::conv::{numel, Conv2dShape, ConvScalar};
 use crate::kernels::gemm::{gemm, Mat, MatMut};
-use crate::threads;
+use crate::threads::{self, SendPtr};
 
 /// Largest accumulator block of one band of output rows, in bytes: it is read and written once per
 /// tap, so it should stay in a core's L2 (ResNet-18's bands take 100-420 KiB).
@@ -90,7 +90,7 @@ pub fn conv2d_shifted<T: ConvScalar>(
     let fit = (ACC_BYTES / std::mem::size_of::<T>() / (c_out * wp).max(1)).max(1);
     let rows_per_band = h.div_ceil(threads.min(h).max(1)).min(fit);
     let bands = h.div_ceil(rows_per_band);
-    let out_ptr = SyncPtr(out.as_mut_ptr());
+    let out_ptr = SendPtr(out.as_mut_ptr());
     T::with_shared_scratch(c_in * plane, |padded| {
         for b in 0..n {
             let x = &input[b * c_in * h * w..][..c_in * h * w];
