@@ -28,6 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+try:
+    import resource
+except ImportError:  # not on Windows
+    resource = None  # type: ignore[assignment]
+
 import torch
 import torch._dynamo
 import torch.nn.functional as F
@@ -163,9 +168,22 @@ def _fresh_inductor_cache() -> contextlib.AbstractContextManager[None]:
     return context
 
 
-def measure(calls: dict[str, Callable[[], object]], min_time: float) -> dict[str, list[float]]:
-    """Per-call times in ms of each call: warm up, then sample round-robin until each has ``min_time``
-    seconds of samples and at least ``MIN_SAMPLES``. A fast call is timed in a batch of calls and divided.
+def _page_faults() -> int:
+    """Page faults this process has taken so far (minor and major; 0 where the OS does not say)."""
+    if resource is None:
+        return 0
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return int(usage.ru_minflt + usage.ru_majflt)
+
+
+def measure(calls: dict[str, Callable[[], object]], min_time: float) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Per-call times in ms of each call, and its page faults per call: warm up, then sample
+    round-robin until each has ``min_time`` seconds of samples and at least ``MIN_SAMPLES``. A fast call
+    is timed in a batch of calls and divided.
+
+    Page faults are counted because they decide some rows: a call whose output lands on memory the
+    allocator has just handed back to the OS pays a fault per 4 KiB page on first touch, which can
+    double an elementwise kernel's time, and which contender pays it depends on the heap's state.
     """
     batch: dict[str, int] = {}
     for name, call in calls.items():
@@ -179,6 +197,7 @@ def measure(calls: dict[str, Callable[[], object]], min_time: float) -> dict[str
 
     samples: dict[str, list[float]] = {name: [] for name in calls}
     spent: dict[str, int] = dict.fromkeys(calls, 0)
+    faults: dict[str, int] = dict.fromkeys(calls, 0)
 
     def wanted(name: str) -> bool:
         return spent[name] < min_time * 1e9 or len(samples[name]) < MIN_SAMPLES
@@ -187,13 +206,16 @@ def measure(calls: dict[str, Callable[[], object]], min_time: float) -> dict[str
         for name, call in calls.items():
             if not wanted(name):
                 continue
+            faults_before = _page_faults()
             start = time.perf_counter_ns()
             for _ in range(batch[name]):
                 call()
             elapsed = time.perf_counter_ns() - start
+            faults[name] += _page_faults() - faults_before
             spent[name] += elapsed
             samples[name].append(elapsed / batch[name] / 1e6)
-    return samples
+    per_call = {name: faults[name] / (len(samples[name]) * batch[name]) for name in calls}
+    return samples, per_call
 
 
 def _error(exc: BaseException) -> str:
@@ -241,8 +263,10 @@ def _throughput_row(row: Row, contenders: Sequence[str], engine: str, min_time: 
         if contender == "torchburn":
             entry["fallback_ops"] = _fallback_ops()
         calls[contender] = functools.partial(compiled, *inputs)
-    for contender, times in measure(calls, min_time).items():
+    samples, faults = measure(calls, min_time)
+    for contender, times in samples.items():
         results[contender]["samples_ms"] = times
+        results[contender]["page_faults_per_call"] = faults[contender]
     return results
 
 
@@ -377,8 +401,16 @@ def _load(meta: dict[str, Any]) -> str:
     return "?" if load is None else f"{load[0]:.2f}"
 
 
+# from this many page faults per call a row's times say more about the heap than about the kernels
+NOTED_FAULTS_PER_CALL = 8
+
+
 def _notes(results: Sequence[dict[str, Any]]) -> Iterator[str]:
     for r in results:
+        faults = {c: e["page_faults_per_call"] for c, e in r["contenders"].items() if "page_faults_per_call" in e}
+        if any(n >= NOTED_FAULTS_PER_CALL for n in faults.values()):
+            counts = ", ".join(f"{c} {n:.0f}" for c, n in faults.items())
+            yield f"page faults per call in {r['name']}: {counts} (output memory the allocator had returned to the OS)"
         for contender, entry in r["contenders"].items():
             if "error" in entry:
                 yield f"ERROR {r['name']} / {contender}: {entry['error'].splitlines()[0][:300]}"

@@ -16,6 +16,8 @@ pub mod qprefill;
 pub mod quant;
 pub mod reduce;
 pub mod softmax;
+#[cfg(target_arch = "x86_64")]
+pub mod softmax_x86;
 pub mod strided;
 #[cfg(test)]
 pub mod testing;

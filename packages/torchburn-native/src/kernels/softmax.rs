@@ -301,8 +301,17 @@ unsafe fn cols_tile<T: Elem>(
     "x86_64+avx2+fma",
     "aarch64+neon"
 ))]
-fn rows_lastdim_f32(x: &[f32], out: &mut [f32], n: usize, log: bool) {
+fn rows_lastdim_f32_portable(x: &[f32], out: &mut [f32], n: usize, log: bool) {
     rows_lastdim(x, out, n, log)
+}
+
+/// The rows in AVX-512 instructions where the CPU has them ([`super::softmax_x86`]), else portably.
+fn rows_lastdim_f32(x: &[f32], out: &mut [f32], n: usize, log: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if super::softmax_x86::rows_f32(x, out, n, log) {
+        return;
+    }
+    rows_lastdim_f32_portable(x, out, n, log)
 }
 
 #[multiversion(targets(
@@ -659,6 +668,40 @@ mod tests {
         softmax_f64(1, 64, 1, &x, &mut out, true);
         assert_eq!(out[3], f64::NEG_INFINITY);
         assert!((out[0] - (1.0f64 / 63.0).ln()).abs() < 1e-14);
+    }
+
+    /// The rows kernel of every path this CPU can run (the AVX-512 one is what `softmax_f32` takes
+    /// where it exists), on row lengths around the vector widths, with a `-inf` in one row and a NaN
+    /// in another.
+    #[test]
+    fn every_rows_path_matches_the_reference() {
+        let rows_fns: [(&str, RowsFn<f32>); 2] = [
+            ("portable", rows_lastdim_f32_portable),
+            ("dispatched", rows_lastdim_f32),
+        ];
+        for &n in &[1, 3, 15, 16, 17, 63, 64, 65, 100, 1025] {
+            let mut x: Vec<f32> = data(3 * n, n as u64).iter().map(|&v| v as f32).collect();
+            x[n + n / 2] = f32::NEG_INFINITY;
+            x[2 * n + n - 1] = f32::NAN;
+            let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+            for log in [false, true] {
+                let want = reference(3, n, 1, &x64, log);
+                for (name, rows) in rows_fns {
+                    let mut out = vec![0.5f32; x.len()];
+                    rows(&x, &mut out, n, log);
+                    for (i, (&g, &w)) in out.iter().zip(&want).enumerate() {
+                        let close = if w.is_nan() || w.is_infinite() {
+                            g as f64 == w || (g.is_nan() && w.is_nan())
+                        } else if log {
+                            (g as f64 - w).abs() <= 2e-6 * (1.0 + w.abs())
+                        } else {
+                            (g as f64 - w).abs() <= 1e-6 * w + 1e-9
+                        };
+                        assert!(close, "{name} n={n} log={log} at {i}: {g} vs {w}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]
