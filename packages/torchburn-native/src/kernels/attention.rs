@@ -14,16 +14,19 @@
 //!   max and sum in registers, instead of one row at a time with horizontal reductions.
 //! * `P · V` reads `Pᵀ` with broadcasts and V's rows in place (only a partial last `NR`-column
 //!   panel is copied and zero-padded).
-//! * Both products run on one register-blocked micro-kernel (`MR`×`NR` accumulators,
-//!   broadcast-A / vector-B, FMA), at about 85% of the FMA peak of the Zen 3 test machine. The
-//!   `gemm` crate ([`crate::kernels::gemm`]) needs 1.75 ms single-threaded for just the products of
-//!   that benchmark against about 1.65 ms here, and would force the row-major score layout.
+//! * Both products run on one register-blocked micro-kernel (broadcast-A / vector-B, FMA): `MR` rows
+//!   by one `NR`-column panel with AVX2 (12 registers; about 85% of the FMA peak of a Zen 3), `MR`
+//!   rows by four panels with AVX-512 (24 of its 32 registers, enough to keep both FMA ports busy).
+//!   The `gemm` crate ([`crate::kernels::gemm`]) needs 1.75 ms single-threaded for just the
+//!   products of that benchmark against about 1.65 ms here (Zen 3), and would force the row-major
+//!   score layout.
 //! * `exp` is a local variant (`exp_attn`) with the range handling cut to what online softmax
 //!   needs.
 //!
-//! Where the process holds a host BLAS (MKL, see [`crate::kernels::gemm`]), both products run on it
-//! instead, single-threaded per task, with the same blocking and online softmax around them: `tile`
-//! keeps six accumulators busy, too few to saturate AVX-512's two FMA ports.
+//! Where the process holds a host BLAS (MKL, see [`crate::kernels::gemm`]) and the CPU lacks
+//! AVX-512, both products run on it instead, single-threaded per task, with the same blocking and
+//! online softmax around them. With AVX-512 the four-panel tiles are faster than MKL's calls on
+//! these small blocks (SDPA (4, 8, 128, 64), 2 threads: 0.55 ms on MKL, 0.49 ms here).
 //!
 //! Semantics follow `torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`:
 //! * scores are `scale · q·k + mask` (additive mask) or `-inf` where a boolean mask is 0;
@@ -227,49 +230,114 @@ struct MatA {
     cs: usize,
 }
 
-/// `C[M × NR] (+)= A[M × k] · B[k × NR]`, `B`'s row `p` the `NR` contiguous floats at `b + p·ldb`,
-/// `C` row-major with row stride `ldc`. `M × NR` accumulators stay in registers (`M·2` AVX2
-/// vectors).
+/// `C[M × P·NR] (+)= A[M × k] · B[k × P·NR]` over `P` column panels of `B`: panel `v`'s row `p` is
+/// the `NR` contiguous floats at `b + v·panel_stride + p·ldb`, and lands in columns `v·NR ..` of
+/// `C` (row-major, row stride `ldc`). `M × P` accumulators of `NR` lanes stay in registers.
 ///
 /// # Safety
-/// `a` must be readable for `M × k`, `b` for `k` rows of `NR`, `c` writable (and, with
-/// `accumulate`, readable) for `M` rows of `NR`; `c` must not overlap `a` or `b`.
+/// `a` must be readable for `M × k`, each panel for `k` rows of `NR`, `c` writable (and, with
+/// `accumulate`, readable) for `M` rows of `P·NR`; `c` must not overlap `a` or `b`.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn tile<const M: usize>(
+unsafe fn tile<const M: usize, const P: usize>(
     k: usize,
     a: MatA,
     b: *const f32,
     ldb: usize,
+    panel_stride: usize,
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
 ) {
-    let mut acc = [[0f32; NR]; M];
+    let mut acc = [[[0f32; NR]; P]; M];
     if accumulate {
         for (i, row) in acc.iter_mut().enumerate() {
-            // SAFETY: row i of C, NR columns, inside the caller's extent.
-            *row = unsafe { *(c.add(i * ldc) as *const [f32; NR]) };
+            for (v, part) in row.iter_mut().enumerate() {
+                // SAFETY: row i of C, NR columns of panel v, inside the caller's extent.
+                *part = unsafe { *(c.add(i * ldc + v * NR) as *const [f32; NR]) };
+            }
         }
     }
     for p in 0..k {
-        // SAFETY: row p of B, inside the caller's extent.
-        let bp = unsafe { &*(b.add(p * ldb) as *const [f32; NR]) };
+        let mut bp = [[0f32; NR]; P];
+        for (v, part) in bp.iter_mut().enumerate() {
+            // SAFETY: row p of panel v of B, inside the caller's extent.
+            *part = unsafe { *(b.add(v * panel_stride + p * ldb) as *const [f32; NR]) };
+        }
         for (i, row) in acc.iter_mut().enumerate() {
             // SAFETY: element (i, p) of A, inside the caller's extent.
             let av = unsafe { *a.ptr.add(i * a.rs + p * a.cs) };
-            for j in 0..NR {
-                row[j] = av.mul_add(bp[j], row[j]);
+            for (part, bv) in row.iter_mut().zip(&bp) {
+                for j in 0..NR {
+                    part[j] = av.mul_add(bv[j], part[j]);
+                }
             }
         }
     }
     for (i, row) in acc.iter().enumerate() {
-        // SAFETY: row i of C, as above.
-        unsafe { *(c.add(i * ldc) as *mut [f32; NR]) = *row };
+        for (v, part) in row.iter().enumerate() {
+            // SAFETY: row i of C, as above.
+            unsafe { *(c.add(i * ldc + v * NR) as *mut [f32; NR]) = *part };
+        }
+    }
+}
+
+/// [`tile`] over `P` panels for the `m` rows of A, `MR` rows at a time.
+///
+/// # Safety
+/// As [`tile`], for `m` rows.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn tile_rows<const P: usize>(
+    m: usize,
+    k: usize,
+    a: MatA,
+    b: *const f32,
+    ldb: usize,
+    panel_stride: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    let rows_at = |i: usize| MatA {
+        // SAFETY: row i < m of A, inside the caller's extent
+        ptr: unsafe { a.ptr.add(i * a.rs) },
+        ..a
+    };
+    let mut i = 0;
+    // SAFETY (whole block): every tile stays inside the extents the caller guarantees.
+    unsafe {
+        while i + MR <= m {
+            tile::<MR, P>(
+                k,
+                rows_at(i),
+                b,
+                ldb,
+                panel_stride,
+                c.add(i * ldc),
+                ldc,
+                accumulate,
+            );
+            i += MR;
+        }
+        let (ai, c) = (rows_at(i), c.add(i * ldc));
+        match m - i {
+            0 => {}
+            1 => tile::<1, P>(k, ai, b, ldb, panel_stride, c, ldc, accumulate),
+            2 => tile::<2, P>(k, ai, b, ldb, panel_stride, c, ldc, accumulate),
+            3 => tile::<3, P>(k, ai, b, ldb, panel_stride, c, ldc, accumulate),
+            4 => tile::<4, P>(k, ai, b, ldb, panel_stride, c, ldc, accumulate),
+            5 => tile::<5, P>(k, ai, b, ldb, panel_stride, c, ldc, accumulate),
+            r => unreachable!("remainder {r} >= MR"),
+        }
     }
 }
 
 /// `C[m × npanels·NR] (+)= A[m × k] · B`, where column panel `pn` of `B` (`k × NR`, row stride
 /// `ldb`) starts at `b + pn·panel_stride` and lands in columns `pn·NR ..` of `C`.
+///
+/// With `wide` (AVX-512: 32 vector registers of one panel each) four panels go through each tile,
+/// 24 accumulators, enough to keep both FMA ports busy; otherwise one (12 AVX2 registers).
 ///
 /// # Safety
 /// As `tile`, for every panel: `A` readable for `m × k`, `B`'s panels readable, `C` writable for
@@ -287,39 +355,52 @@ unsafe fn gemm_panels(
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
+    wide: bool,
 ) {
-    for pn in 0..npanels {
-        // SAFETY (whole block): every tile stays inside the extents the caller guarantees.
-        unsafe {
-            let b = b.add(pn * panel_stride);
-            let c = c.add(pn * NR);
-            let mut i = 0;
-            while i + MR <= m {
-                let ai = MatA {
-                    ptr: a.ptr.add(i * a.rs),
-                    ..a
-                };
-                tile::<MR>(k, ai, b, ldb, c.add(i * ldc), ldc, accumulate);
-                i += MR;
+    let mut pn = 0;
+    // SAFETY (whole block): every group of panels stays inside the extents the caller guarantees.
+    unsafe {
+        let at = |pn: usize| (b.add(pn * panel_stride), c.add(pn * NR));
+        if wide {
+            while pn + 4 <= npanels {
+                let (b, c) = at(pn);
+                tile_rows::<4>(m, k, a, b, ldb, panel_stride, c, ldc, accumulate);
+                pn += 4;
             }
-            let (ai, c) = (
-                MatA {
-                    ptr: a.ptr.add(i * a.rs),
-                    ..a
-                },
-                c.add(i * ldc),
-            );
-            match m - i {
+            let (b, c) = at(pn);
+            match npanels - pn {
                 0 => {}
-                1 => tile::<1>(k, ai, b, ldb, c, ldc, accumulate),
-                2 => tile::<2>(k, ai, b, ldb, c, ldc, accumulate),
-                3 => tile::<3>(k, ai, b, ldb, c, ldc, accumulate),
-                4 => tile::<4>(k, ai, b, ldb, c, ldc, accumulate),
-                5 => tile::<5>(k, ai, b, ldb, c, ldc, accumulate),
-                r => unreachable!("remainder {r} >= MR"),
+                1 => tile_rows::<1>(m, k, a, b, ldb, panel_stride, c, ldc, accumulate),
+                2 => tile_rows::<2>(m, k, a, b, ldb, panel_stride, c, ldc, accumulate),
+                3 => tile_rows::<3>(m, k, a, b, ldb, panel_stride, c, ldc, accumulate),
+                r => unreachable!("remainder {r} >= 4"),
+            }
+        } else {
+            for pn in 0..npanels {
+                let (b, c) = at(pn);
+                tile_rows::<1>(m, k, a, b, ldb, panel_stride, c, ldc, accumulate);
             }
         }
     }
+}
+
+/// Whether [`gemm_panels`] may take four panels per tile: the CPU has 32 vector registers of
+/// `NR` lanes (AVX-512).
+fn wide_tiles() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether both products run on the host BLAS: where there is one and the CPU lacks AVX-512 (with it
+/// the four-panel tiles are faster: SDPA (4, 8, 128, 64) on 2 threads, 0.55 -> 0.49 ms).
+fn products_on_host_blas() -> bool {
+    gemm::host_blas::<f32>() && !wide_tiles()
 }
 
 /// `exp(x)` for the `x <= 0` of online softmax (`score - max`, `old max - new max`), NaN and
@@ -444,9 +525,10 @@ fn attend_block(
     // Q block, times `scale` (folded here once instead of into every score), -> panels of NR
     // queries, d × NR each (query-minor), zero past qn
     // with the host BLAS (MKL) both products run there, reading Q, K and V in place: its
-    // micro-kernels keep more accumulators busy than `tile` on AVX-512 (SDPA (4, 8, 128, 64) on a
-    // 2-core AVX-512 Xeon: 0.86 -> 0.75 ms, as fast as PyTorch's own flash attention)
-    let blas = gemm::host_blas::<f32>();
+    // micro-kernels keep more accumulators busy than one-panel tiles (SDPA (4, 8, 128, 64) on a
+    // 2-core AVX-512 Xeon: 0.86 -> 0.75 ms)
+    let wide = wide_tiles();
+    let blas = products_on_host_blas();
     if d > 0 && !blas {
         let qp = &mut sc.qp[..qn_pad * d];
         for (pn, panel) in qp.chunks_exact_mut(d * NR).enumerate() {
@@ -534,6 +616,7 @@ fn attend_block(
                     st.as_mut_ptr(),
                     qn_pad,
                     false,
+                    wide,
                 )
             };
         }
@@ -634,6 +717,7 @@ fn attend_block(
                 o.as_mut_ptr(),
                 dv_pad,
                 !first,
+                wide,
             )
         };
         if dv_tail > 0 {
@@ -646,7 +730,7 @@ fn attend_block(
             // rows.
             unsafe {
                 let c = o.as_mut_ptr().add(dv_full * NR);
-                gemm_panels(qn, kn, pmat, vt.as_ptr(), NR, 0, 1, c, dv_pad, !first)
+                gemm_panels(qn, kn, pmat, vt.as_ptr(), NR, 0, 1, c, dv_pad, !first, wide)
             };
         }
         first = false;
@@ -798,12 +882,7 @@ pub fn sdpa_f32_rows(
     };
 
     let threads = threads::current();
-    let mut qb = if gemm::host_blas::<f32>() {
-        QB_BLAS
-    } else {
-        QB
-    }
-    .min(tq);
+    let mut qb = if products_on_host_blas() { QB_BLAS } else { QB }.min(tq);
     while qb > 16 && b * h * tq.div_ceil(qb) < 4 * threads {
         qb /= 2;
     }
@@ -1144,6 +1223,76 @@ mod tests {
     fn parallel_path_matches() {
         check(shape(4, 8, 128, 128, 64, 64), None, false);
         check(shape(2, 4, 100, 100, 32, 32), None, true);
+    }
+
+    /// Both tilings (one panel per tile, four with AVX-512) against a naive product, over row counts
+    /// around `MR`, panel counts around 4, strided A in both orientations and accumulation.
+    #[test]
+    fn panel_products_match_naive_in_both_tilings() {
+        let k = 37;
+        for &m in &[1, 5, 6, 7, 13] {
+            for &npanels in &[1, 2, 3, 4, 5, 8] {
+                let n = npanels * NR;
+                let a = data(m * k, (m * 100 + npanels) as u64);
+                // B's panels laid out k × NR each, `panel_stride` apart with a gap between them
+                let panel_stride = k * NR + 5;
+                let b = data(npanels * panel_stride, 7);
+                let c0 = data(m * n, 9);
+                for (rs, cs) in [(k, 1), (1, m)] {
+                    for accumulate in [false, true] {
+                        let mut want = vec![0f64; m * n];
+                        for i in 0..m {
+                            for j in 0..n {
+                                let (pn, jj) = (j / NR, j % NR);
+                                let dot: f64 = (0..k)
+                                    .map(|p| {
+                                        a[i * rs + p * cs] as f64
+                                            * b[pn * panel_stride + p * NR + jj] as f64
+                                    })
+                                    .sum();
+                                want[i * n + j] = dot
+                                    + if accumulate {
+                                        c0[i * n + j] as f64
+                                    } else {
+                                        0.0
+                                    };
+                            }
+                        }
+                        for wide in [false, true] {
+                            let mut c = c0.clone();
+                            let am = MatA {
+                                ptr: a.as_ptr(),
+                                rs,
+                                cs,
+                            };
+                            // SAFETY: a is m × k under (rs, cs); b holds npanels panels of k × NR;
+                            // c is m × n
+                            unsafe {
+                                gemm_panels(
+                                    m,
+                                    k,
+                                    am,
+                                    b.as_ptr(),
+                                    NR,
+                                    panel_stride,
+                                    npanels,
+                                    c.as_mut_ptr(),
+                                    n,
+                                    accumulate,
+                                    wide,
+                                )
+                            };
+                            for (idx, (&g, &w)) in c.iter().zip(&want).enumerate() {
+                                assert!(
+                                    (g as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                                    "m={m} panels={npanels} rs={rs} acc={accumulate} wide={wide} at {idx}: {g} vs {w}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
