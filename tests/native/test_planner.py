@@ -230,3 +230,26 @@ def test_op_table_comes_from_the_registry() -> None:
     text = torchburn.format_engine_ops("native")
     assert f"{len(rows)} ops:" in text
     assert len(text.splitlines()) == len(rows) + 3
+
+
+def test_profile_times_every_instruction_of_the_runs_since_it_was_switched_on() -> None:
+    lin = torch.nn.Linear(64, 96)
+    norm = torch.nn.LayerNorm(96)
+    x = torch.randn(33, 64)
+    compiled = torch.compile(lambda t: norm(lin(t)) + t.sum(), backend="torchburn", options=STRICT)
+    with torch.no_grad():
+        compiled(x)
+        region = recent_regions()[-1]
+        compiled(x)  # not timed
+        region.set_profiling(True)
+        for _ in range(5):
+            got = compiled(x)
+        region.set_profiling(False)
+        compiled(x)  # not timed either
+        torch.testing.assert_close(got, norm(lin(x)) + x.sum(), rtol=1e-5, atol=1e-5)
+    (table,) = region.profile()
+    assert [row["kind"] for row in table] == region.describe()[0]["instructions"]
+    assert all(row["runs"] == 5 for row in table)
+    assert all(row["total_us"] > 0 and row["mean_us"] == pytest.approx(row["total_us"] / 5) for row in table)
+    region.set_profiling(True)  # switching on again starts from zero
+    assert all(row["runs"] == 0 and row["total_us"] == 0 for row in region.profile()[0])

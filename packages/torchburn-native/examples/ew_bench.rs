@@ -1,4 +1,5 @@
-//! Times one fused elementwise op on the Rust side alone: `cargo run --release --example ew_bench -- exp 32768`.
+//! Times one fused elementwise op on the Rust side alone: `cargo run --release --example ew_bench -- exp 32768`
+//! (a unary op's name, or `add` or `chain5` over two inputs).
 use std::time::Instant;
 use torchburn_native::program::Program;
 
@@ -10,8 +11,12 @@ fn main() {
         {"op":"binary","d":2,"f":"mul","a":0,"b":1},{"op":"load","d":3,"input":1},{"op":"binary","d":4,"f":"add","a":2,"b":3},
         {"op":"unary","d":5,"f":"relu","a":4},{"op":"const","d":6,"value":0.25,"ivalue":0},{"op":"binary","d":7,"f":"sub","a":5,"b":6},
         {"op":"load","d":8,"input":1},{"op":"binary","d":9,"f":"mul","a":7,"b":8},{"op":"store","a":9,"output":0}"#;
+    let add = r#"{"op":"load","d":0,"input":0},{"op":"load","d":1,"input":1},
+        {"op":"binary","d":2,"f":"add","a":0,"b":1},{"op":"store","a":2,"output":0}"#;
     let (n_in, code, nregs) = if f == "chain5" {
         (2, chain5.to_string(), 10)
+    } else if f == "add" {
+        (2, add.to_string(), 3)
     } else {
         (
             1,

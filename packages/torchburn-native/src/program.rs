@@ -7,6 +7,7 @@
 
 use crate::threads;
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Mutex;
 
 use crate::kernels::elementwise::{self, UnaryFn, View};
@@ -19,6 +20,10 @@ pub struct Program {
     in_bytes: Vec<usize>,
     out_bytes: Vec<usize>,
     arenas: Mutex<Vec<Vec<u64>>>,
+    /// Whether runs time each instruction into `times` (off: one relaxed load per run).
+    profiling: AtomicBool,
+    /// Per instruction: (nanoseconds, runs) since profiling was last switched on.
+    times: Mutex<Vec<(u64, u64)>>,
 }
 
 /// Base pointers of one run.
@@ -173,6 +178,8 @@ impl Program {
             in_bytes,
             out_bytes,
             arenas: Mutex::new(Vec::new()),
+            profiling: AtomicBool::new(false),
+            times: Mutex::new(Vec::new()),
         };
         program.validate()?;
         Ok(program)
@@ -579,6 +586,41 @@ impl Program {
         self.plan.n_inputs
     }
 
+    /// Switches per-instruction timing on (clearing earlier times) or off.
+    pub fn set_profiling(&self, on: bool) {
+        if on {
+            let mut times = self.times.lock().unwrap_or_else(|e| e.into_inner());
+            *times = vec![(0, 0); self.plan.instrs.len()];
+        }
+        self.profiling.store(on, Relaxed);
+    }
+
+    /// Per instruction, in plan order: (nanoseconds, runs) timed since profiling was switched on.
+    pub fn profile(&self) -> Vec<(u64, u64)> {
+        self.times.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The instructions of one run, each timed (wall clock; kernels run on all threads).
+    ///
+    /// # Safety
+    /// As [`Program::run`].
+    unsafe fn run_timed(&self, frame: &Frame<'_>) -> Result<(), String> {
+        let mut spent = Vec::with_capacity(self.plan.instrs.len());
+        for instr in &self.plan.instrs {
+            let start = std::time::Instant::now();
+            exec(frame, instr)?;
+            spent.push(start.elapsed().as_nanos() as u64);
+        }
+        let mut times = self.times.lock().unwrap_or_else(|e| e.into_inner());
+        if times.len() == spent.len() {
+            for ((total, runs), ns) in times.iter_mut().zip(spent) {
+                *total += ns;
+                *runs += 1;
+            }
+        }
+        Ok(())
+    }
+
     pub fn n_outputs(&self) -> usize {
         self.plan.n_outputs
     }
@@ -613,7 +655,11 @@ impl Program {
             outs,
             arena: arena.as_mut_ptr() as *mut u8,
         };
-        let result = self.plan.instrs.iter().try_for_each(|i| exec(&frame, i));
+        let result = if self.profiling.load(Relaxed) {
+            self.run_timed(&frame)
+        } else {
+            self.plan.instrs.iter().try_for_each(|i| exec(&frame, i))
+        };
         if let Ok(mut pool) = self.arenas.lock() {
             pool.push(arena);
         }

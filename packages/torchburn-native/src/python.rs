@@ -50,6 +50,14 @@ impl Program {
         self.inner.n_inputs()
     }
 
+    fn set_profiling(&self, on: bool) {
+        self.inner.set_profiling(on)
+    }
+
+    fn profile(&self) -> Vec<(u64, u64)> {
+        self.inner.profile()
+    }
+
     #[getter]
     fn n_outputs(&self) -> usize {
         self.inner.n_outputs()

@@ -10,6 +10,10 @@ class Program:
 
     def __init__(self, plan_json: str, in_bytes: list[int], out_bytes: list[int]) -> None: ...
     def run(self, inputs: list[int], outputs: list[int]) -> None: ...
+    def set_profiling(self, on: bool) -> None:
+        """Switch per-instruction timing on (clearing earlier times) or off."""
+    def profile(self) -> list[tuple[int, int]]:
+        """Per instruction, in plan order: (nanoseconds, runs) since profiling was switched on."""
     @property
     def n_inputs(self) -> int: ...
     @property

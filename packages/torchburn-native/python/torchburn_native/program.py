@@ -46,6 +46,7 @@ class CompiledRegion:
         self._fast: FastPath | None = None
         # per planned program, per derived input: (source tensor, its data pointer, its version, the copy)
         self._derived: dict[int, list[_DerivedEntry | None]] = {}
+        self._profiling = False
         _RECENT.append(self)
 
     def describe(self) -> list[dict[str, Any]]:
@@ -64,6 +65,28 @@ class CompiledRegion:
             )
         return rows
 
+    def set_profiling(self, on: bool = True) -> None:
+        """Time every instruction of this region's programs from now on, clearing earlier times (or,
+        with ``on=False``, stop). Off, a run pays one flag check for it."""
+        with self._lock:
+            self._profiling = on
+            for program, _ in self._plans.values():
+                program.set_profiling(on)
+
+    def profile(self) -> list[list[dict[str, Any]]]:
+        """Per planned signature, per instruction in plan order: its kind, how many runs were timed,
+        and their mean and total wall-clock time in microseconds (a kernel's time on all its threads)."""
+        tables = []
+        for program, planned in list(self._plans.values()):
+            kinds = [i["kind"] for i in json.loads(planned.plan_json)["instrs"]]
+            tables.append(
+                [
+                    {"kind": kind, "runs": runs, "mean_us": ns / runs / 1e3 if runs else 0.0, "total_us": ns / 1e3}
+                    for kind, (ns, runs) in zip(kinds, program.profile(), strict=True)
+                ]
+            )
+        return tables
+
     def prepare(self, args: Sequence[Any]) -> tuple[_native.Program, PlannedProgram]:
         key = signature(args)
         found = self._plans.get(key)
@@ -75,6 +98,8 @@ class CompiledRegion:
                     with unset_fake_temporarily():
                         planned = Planner(self.graph_module, args).run()
                     program = _native.Program(planned.plan_json, planned.in_bytes, planned.out_bytes)
+                    if self._profiling:
+                        program.set_profiling(True)
                     found = self._plans[key] = (program, planned)
         return found
 
