@@ -19,7 +19,7 @@ use crate::kernels::math::ln_f32;
 /// Panics unless `n > 0` and `x` and `out` hold the same whole number of rows.
 pub fn rows_f32(x: &[f32], out: &mut [f32], n: usize, log: bool) -> bool {
     assert!(
-        n > 0 && x.len() % n == 0 && out.len() == x.len(),
+        n > 0 && x.len().is_multiple_of(n) && out.len() == x.len(),
         "softmax rows: {} and {} elements are not whole rows of {n}",
         x.len(),
         out.len()
