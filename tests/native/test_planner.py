@@ -253,3 +253,40 @@ def test_profile_times_every_instruction_of_the_runs_since_it_was_switched_on() 
     assert all(row["total_us"] > 0 and row["mean_us"] == pytest.approx(row["total_us"] / 5) for row in table)
     region.set_profiling(True)  # switching on again starts from zero
     assert all(row["runs"] == 0 and row["total_us"] == 0 for row in region.profile()[0])
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["linear", "mm"])
+@pytest.mark.parametrize("shape", [(48, 64), (3, 16, 64)], ids=["2d", "3d"])
+def test_residual_add_folded_into_the_gemm(bias: bool, shape: tuple[int, ...]) -> None:
+    """``r + linear(x)`` (either operand order, a relu after it) runs as one matmul that starts from
+    the residual, on the serial path and split over threads."""
+    g = torch.Generator().manual_seed(5)
+    for k in (64, 512):
+        lin = torch.nn.Linear(k, 96, bias=bias)
+        x = torch.randn(*shape[:-1], k, generator=g)
+        r = torch.randn(*shape[:-1], 96, generator=g)
+        plan = _compile_and_check(lambda t, s, m=lin: s + m(t), x, r, rtol=1e-4, atol=1e-4)
+        assert plan["instructions"] == ["matmul"]
+        plan = _compile_and_check(lambda t, s, m=lin: (m(t) + s).relu(), x, r, rtol=1e-4, atol=1e-4)
+        assert plan["instructions"] == ["matmul"]
+        assert plan["activations"] == ["relu"]
+
+
+def test_residual_and_epilogue_not_folded_when_the_product_is_read_elsewhere() -> None:
+    """A product that another op also reads must stay as it is: folding the residual (or an
+    activation) into it would change what that op sees, through a view as much as directly."""
+    lin = torch.nn.Linear(64, 96)
+    x, r = torch.randn(2, 24, 64), torch.randn(48, 96)
+
+    def direct(t, s):  # type: ignore[no-untyped-def]
+        y = lin(t)
+        return y + s.view(2, 24, 96), y * 2
+
+    def through_view(t, s):  # type: ignore[no-untyped-def]
+        y = lin(t)
+        return y.view(48, 96) + s, y.view(48, 96).relu(), y.sum()
+
+    for fn in (direct, through_view):
+        plan = _compile_and_check(fn, x, r, rtol=1e-4, atol=1e-4)
+        assert plan["instructions"][0] == "matmul"
+        assert len(plan["instructions"]) > 1

@@ -111,6 +111,10 @@ pub enum Instr {
         b: Operand,
         out: Operand,
         bias: Option<Operand>,
+        /// Added to the product like the bias (but not scaled by `beta`), with `out`'s shape: a
+        /// residual connection (`x + linear(y)`) folded into the product instead of a pass of its own.
+        #[serde(default)]
+        residual: Option<Operand>,
         #[serde(deserialize_with = "de_f64")]
         alpha: f64,
         #[serde(deserialize_with = "de_f64")]

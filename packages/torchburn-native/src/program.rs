@@ -217,10 +217,14 @@ impl Program {
                     b,
                     out,
                     bias,
+                    residual,
                     b_panel,
                     ..
                 } => {
-                    for op in [a, b, out].into_iter().chain(bias) {
+                    if residual.as_ref().is_some_and(|r| r.shape != out.shape) {
+                        return Err("matmul residual must have the output's shape".into());
+                    }
+                    for op in [a, b, out].into_iter().chain(bias).chain(residual) {
                         chk(op)?;
                         if op.shape.len() != 3
                             || !FLOATS.contains(&op.dtype)
@@ -667,9 +671,16 @@ impl Program {
     }
 }
 
-/// `out[b] = alpha · a[b] @ b[b] (+ beta · bias) then act`, for every batch b. The bias is written
-/// into each block of `out` just before the block's product accumulates onto it, and the activation
-/// applied just after, by the thread that computes the block (see [`BlockHooks`]).
+/// What a matmul adds to its product: `beta · bias` and a residual, either or both.
+#[derive(Clone, Copy)]
+struct Addends<'a> {
+    bias: Option<&'a Operand>,
+    residual: Option<&'a Operand>,
+}
+
+/// `out[b] = alpha · a[b] @ b[b] (+ beta · bias) (+ residual) then act`, for every batch b. The
+/// addends are written into each block of `out` just before the block's product accumulates onto it,
+/// and the activation applied just after, by the thread that computes the block (see [`BlockHooks`]).
 #[allow(clippy::too_many_arguments)]
 unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
     f: &Frame<'_>,
@@ -677,42 +688,25 @@ unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
     b: &Operand,
     b_panel: usize,
     out: &Operand,
-    bias: Option<&Operand>,
+    addends: Addends<'_>,
     alpha: T,
     beta: T,
     act: Option<UnaryFn>,
 ) {
     let (batch, m, k, n) = (out.shape[0], a.shape[1], a.shape[2], out.shape[2]);
     let (pa, pb, pc) = (f.ptr(a) as usize, f.ptr(b) as usize, f.ptr(out) as usize);
-    let (os, bias_at) = (&out.strides, bias.map(|o| (f.ptr(o) as usize, &o.strides)));
+    let os = &out.strides;
+    let bias_at = addends.bias.map(|o| (f.ptr(o) as usize, &o.strides));
+    let residual_at = addends.residual.map(|o| (f.ptr(o) as usize, &o.strides));
+    let (bias_at_strides, residual_at_strides) = (
+        addends.bias.map(|o| &o.strides),
+        addends.residual.map(|o| &o.strides),
+    );
+    let accumulate = addends.bias.is_some() || addends.residual.is_some();
     let one = |bi: usize, parallel: bool| {
         let bi = bi as isize;
         let c_at = |i: usize, j: usize| {
             (pc as *mut T).offset(bi * os[0] + i as isize * os[1] + j as isize * os[2])
-        };
-        let fill_bias = |rows: Range<usize>, cols: Range<usize>| {
-            let Some((pbias, bs)) = bias_at else { return };
-            let src_at = |i: usize, j: usize| {
-                (pbias as *const T).offset(bi * bs[0] + i as isize * bs[1] + j as isize * bs[2])
-            };
-            for i in rows {
-                if os[2] != 1 || bs[2] > 1 {
-                    for j in cols.clone() {
-                        *c_at(i, j) = beta * *src_at(i, j);
-                    }
-                    continue;
-                }
-                // contiguous output rows; the bias row is contiguous (Linear) or one value (per row)
-                let dst = std::slice::from_raw_parts_mut(c_at(i, cols.start), cols.len());
-                if bs[2] == 0 {
-                    dst.fill(beta * *src_at(i, cols.start));
-                } else {
-                    let src = std::slice::from_raw_parts(src_at(i, cols.start), cols.len());
-                    for (d, &v) in dst.iter_mut().zip(src) {
-                        *d = beta * v;
-                    }
-                }
-            }
         };
         let activate = |rows: Range<usize>, cols: Range<usize>| {
             let Some(act) = act else { return };
@@ -724,8 +718,59 @@ unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
                 );
             }
         };
+        // C's block starts as `beta · bias + residual` (either may be absent), one pass per row
+        let fill = |rows: Range<usize>, cols: Range<usize>| {
+            let bias_at = |i: usize, j: usize| {
+                bias_at.map(|(p, bs)| {
+                    (p as *const T).offset(bi * bs[0] + i as isize * bs[1] + j as isize * bs[2])
+                })
+            };
+            let residual_at = |i: usize, j: usize| {
+                residual_at.map(|(p, rs)| {
+                    (p as *const T).offset(bi * rs[0] + i as isize * rs[1] + j as isize * rs[2])
+                })
+            };
+            let unit = |strides: Option<&Vec<isize>>| strides.is_none_or(|s| s[2] == 1);
+            let (bias_strides, residual_strides) = (bias_at_strides, residual_at_strides);
+            for i in rows {
+                let (n, j0) = (cols.len(), cols.start);
+                let row = |at: Option<*const T>| at.map(|p| std::slice::from_raw_parts(p, n));
+                if os[2] == 1 && unit(residual_strides) && bias_strides.is_none_or(|s| s[2] <= 1) {
+                    // contiguous output row; a contiguous bias row (Linear) or one value (per row)
+                    let dst = std::slice::from_raw_parts_mut(c_at(i, j0), n);
+                    let res = row(residual_at(i, j0));
+                    match (bias_at(i, j0), bias_strides.is_some_and(|s| s[2] == 0), res) {
+                        (Some(v), true, None) => dst.fill(beta * *v),
+                        (Some(v), true, Some(r)) => {
+                            let v = beta * *v;
+                            for (d, &r) in dst.iter_mut().zip(r) {
+                                *d = v + r;
+                            }
+                        }
+                        (Some(b), false, None) => {
+                            for (d, &b) in dst.iter_mut().zip(row(Some(b)).unwrap_or_default()) {
+                                *d = beta * b;
+                            }
+                        }
+                        (Some(b), false, Some(r)) => {
+                            let b = row(Some(b)).unwrap_or_default();
+                            for ((d, &b), &r) in dst.iter_mut().zip(b).zip(r) {
+                                *d = beta * b + r;
+                            }
+                        }
+                        (None, _, Some(r)) => dst.copy_from_slice(r),
+                        (None, _, None) => dst.fill(T::ZERO),
+                    }
+                    continue;
+                }
+                for j in cols.clone() {
+                    let b = bias_at(i, j).map_or(T::ZERO, |b| beta * *b);
+                    *c_at(i, j) = residual_at(i, j).map_or(b, |r| b + *r);
+                }
+            }
+        };
         let hooks = BlockHooks {
-            before: bias.is_some().then_some(&fill_bias as BlockFn<'_>),
+            before: accumulate.then_some(&fill as BlockFn<'_>),
             after: act.is_some().then_some(&activate as BlockFn<'_>),
         };
         gemm_hooked::<T>(
@@ -747,7 +792,7 @@ unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
                 rs: os[1],
                 cs: os[2],
             },
-            bias.is_some(),
+            accumulate,
             alpha,
             parallel,
             b_panel,
@@ -794,6 +839,7 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
             b,
             out,
             bias,
+            residual,
             alpha,
             beta,
             act,
@@ -802,12 +848,15 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
             if act.is_some() && !out.is_contiguous() {
                 return Err("matmul epilogue needs a contiguous output".into());
             }
-            let bias = bias.as_ref();
+            let addends = Addends {
+                bias: bias.as_ref(),
+                residual: residual.as_ref(),
+            };
             match out.dtype {
-                DType::F64 => matmul::<f64>(f, a, b, *b_panel, out, bias, *alpha, *beta, *act),
+                DType::F64 => matmul::<f64>(f, a, b, *b_panel, out, addends, *alpha, *beta, *act),
                 _ => {
                     let (alpha, beta) = (*alpha as f32, *beta as f32);
-                    matmul::<f32>(f, a, b, *b_panel, out, bias, alpha, beta, *act)
+                    matmul::<f32>(f, a, b, *b_panel, out, addends, alpha, beta, *act)
                 }
             }
         }

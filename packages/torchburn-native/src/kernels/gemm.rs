@@ -50,7 +50,9 @@ impl<T> Clone for MatMut<T> {
 }
 impl<T> Copy for MatMut<T> {}
 
-pub trait GemmScalar: Copy + Send + Sync + std::ops::Mul<Output = Self> + 'static {
+pub trait GemmScalar:
+    Copy + Send + Sync + std::ops::Mul<Output = Self> + std::ops::Add<Output = Self> + 'static
+{
     const ZERO: Self;
     const ONE: Self;
     /// Where the shared host BLAS routine for this type lives (0: none).

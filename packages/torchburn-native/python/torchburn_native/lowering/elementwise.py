@@ -9,7 +9,7 @@ import torch
 
 from ..planner import PlanError, Planner, broadcast_shapes
 from ..values import FLOAT_DTYPES, SUPPORTED_DTYPES, Domain, Lazy, Tensorish, Value, domain_of
-from . import lower
+from . import linalg, lower
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -154,6 +154,21 @@ def bitwise_not(p: Planner, node: Any, x: Tensorish) -> Lazy:
 EPILOGUE_ACTIVATIONS = {"relu", "gelu", "gelu_tanh", "sigmoid", "tanh", "silu"}
 
 
+def _only_use(p: Planner, src: Any, x: Value) -> bool:
+    """Whether the node being lowered is the only reader of ``x``'s buffer: ``src`` (its argument)
+    and every view between it and the node that made the buffer have exactly one user each."""
+    node = src
+    while isinstance(node, torch.fx.Node):
+        if len(node.users) != 1:
+            return False
+        prev = node.args[0] if node.args else None
+        made = p.env.get(prev) if isinstance(prev, torch.fx.Node) else None
+        if not (isinstance(made, Value) and made.buffer is x.buffer):
+            return True  # `node` made the buffer (its first argument is something else)
+        node = prev
+    return False
+
+
 def _fuse_epilogue(p: Planner, node: Any, x: Tensorish, act: str) -> Value | None:
     if not isinstance(x, Value) or act not in EPILOGUE_ACTIVATIONS or x.dtype not in (torch.float32, torch.float64):
         return None
@@ -162,7 +177,7 @@ def _fuse_epilogue(p: Planner, node: Any, x: Tensorish, act: str) -> Value | Non
         return None
     instr = p.instrs[producer]
     src = node.args[0]
-    if instr["kind"] != "matmul" or instr.get("act") is not None or len(src.users) != 1:
+    if instr["kind"] != "matmul" or instr.get("act") is not None or not _only_use(p, src, x):
         return None
     if instr["out"]["buf"] is not x.buffer or not x.is_contiguous:
         return None
@@ -247,9 +262,28 @@ FLOAT_ONLY = {"atan2", "copysign", "hypot"}
 INT_ONLY = {"bit_and", "bit_or", "bit_xor", "shl", "shr"}
 
 
+def _fused_residual(p: Planner, node: Any, a: Any, b: Any) -> Value | None:
+    """``a + b`` where one side is a fresh matmul result read nowhere else: the matmul adds the other
+    side itself (see :func:`.linalg.fuse_residual`)."""
+    for x, r, src in ((a, b, node.args[0]), (b, a, node.args[1])):
+        if (
+            isinstance(x, Value)
+            and isinstance(r, Value)
+            and x.dtype == _out_dtype(p)
+            and _only_use(p, src, x)
+            and linalg.fuse_residual(p, x, r)
+        ):
+            return x
+    return None
+
+
 def _binary(fn: str) -> Any:
-    def lowering(p: Planner, node: Any, a: Any, b: Any, alpha: Any = 1) -> Lazy:
+    def lowering(p: Planner, node: Any, a: Any, b: Any, alpha: Any = 1) -> Tensorish:
         out = _out_dtype(p)
+        if fn == "add" and alpha == 1:
+            fused = _fused_residual(p, node, a, b)
+            if fused is not None:
+                return fused
         if fn in ("add", "sub") and alpha != 1:
             b = binary_expr(p, "mul", b, alpha, out)
         if fn in INT_ONLY and out == torch.bool:

@@ -74,6 +74,38 @@ def _weight_layout(p: Planner, v: Value, rows: int) -> tuple[Value, int]:
     return p.row_major_copy(v), 0
 
 
+def fuse_residual(p: Planner, x: Value, r: Value) -> bool:
+    """Folds ``x + r`` into the matmul that just produced ``x``: its output blocks start from ``r``
+    (plus any bias) and the product accumulates onto them, so the sum costs no pass over memory of
+    its own. ``x`` must be the whole output of that matmul, read nowhere else; ``r`` a tensor of the
+    same shape, layout and dtype that exists before the matmul runs. True if folded."""
+    producer = p.producer.get(id(x.buffer))
+    if producer is None or r.buffer is x.buffer:
+        return False
+    instr = p.instrs[producer]
+    if instr["kind"] != "matmul" or instr.get("residual") is not None or instr.get("act") is not None:
+        return False
+    out = instr["out"]
+    whole = Value(x.buffer, x.dtype, tuple(out["shape"]), tuple(out["strides"]), out["offset"])
+    if (
+        out["buf"] is not x.buffer
+        or whole.offset != 0
+        or x.offset != 0
+        or not (whole.is_contiguous and x.is_contiguous and r.is_contiguous)
+        or x.numel != whole.numel
+        or r.shape != x.shape
+        or r.dtype != x.dtype
+    ):
+        return False
+    made = p.producer.get(id(r.buffer))
+    if made is not None and made >= producer:
+        return False  # computed after the matmul
+    # r laid out as the matmul's output: both are dense, element for element
+    instr["residual"] = r.operand(whole.shape, whole.strides)
+    r.buffer.touch(producer)
+    return True
+
+
 def matmul(
     p: Planner,
     a: Tensorish,
@@ -94,6 +126,7 @@ def matmul(
         "b": _operand3(bv),
         "out": _operand3(out),
         "bias": None,
+        "residual": None,
         "alpha": float(alpha),
         "beta": float(beta),
         "act": None,
