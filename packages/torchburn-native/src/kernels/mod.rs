@@ -11,6 +11,8 @@ pub mod index;
 pub mod lanes;
 pub mod math;
 pub mod norm;
+#[cfg(target_arch = "x86_64")]
+pub mod norm_x86;
 pub mod pool;
 pub mod qprefill;
 pub mod quant;

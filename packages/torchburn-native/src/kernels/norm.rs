@@ -552,8 +552,41 @@ pub fn layer_norm_f32(
         out,
         mean,
         rstd,
-        layer_norm_rows_f32,
+        layer_norm_rows_f32_dispatch,
     )
+}
+
+/// The rows in AVX-512 instructions where the CPU has them and they fit ([`super::norm_x86`]),
+/// else portably.
+#[allow(clippy::too_many_arguments)]
+fn layer_norm_rows_f32_dispatch(
+    n: usize,
+    x: &[f32],
+    w: Option<&[f32]>,
+    b: Option<&[f32]>,
+    eps: f64,
+    out: &mut [f32],
+    mean: Option<&mut [f32]>,
+    rstd: Option<&mut [f32]>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    let (mean, rstd) = {
+        let (mut mean, mut rstd) = (mean, rstd);
+        if super::norm_x86::layer_norm_rows_f32(
+            n,
+            x,
+            w,
+            b,
+            eps,
+            out,
+            mean.as_deref_mut(),
+            rstd.as_deref_mut(),
+        ) {
+            return;
+        }
+        (mean, rstd)
+    };
+    layer_norm_rows_f32(n, x, w, b, eps, out, mean, rstd)
 }
 
 /// [`layer_norm_f32`] for f64.
@@ -851,6 +884,58 @@ mod tests {
             close("ordered row out", &f64s(&out), &ro, 2e-6);
             close("ordered row mean", &f64s(&mean), &rm, 1e-6);
             close("ordered row rstd", &f64s(&rstd), &rr, 1e-6);
+        }
+    }
+
+    /// Every rows kernel this CPU can run (the portable one, and the one `layer_norm_f32` picks here)
+    /// on widths around the vector width up to the widest one-block row: a row far from zero, a
+    /// sorted ramp (the two-pass route), and rows holding NaN or inf.
+    #[test]
+    fn every_layer_norm_rows_path_matches_the_reference() {
+        type Rows = fn(
+            usize,
+            &[f32],
+            Option<&[f32]>,
+            Option<&[f32]>,
+            f64,
+            &mut [f32],
+            Option<&mut [f32]>,
+            Option<&mut [f32]>,
+        );
+        let paths: [(&str, Rows); 2] = [
+            ("portable", layer_norm_rows_f32),
+            ("dispatched", layer_norm_rows_f32_dispatch),
+        ];
+        for &n in &[1, 15, 16, 17, 33, 64, 100, 1024, 2048] {
+            let mut x = data(n, n as u64, 1000.0);
+            x.extend((0..n).map(|i| i as f64 * 0.37 - 50.0));
+            x.extend(data(n, 7, 0.0));
+            x.extend(data(n, 8, 0.0));
+            let x32 = f32s(&x);
+            let (w, b) = (f32s(&data(n, 1, 1.0)), f32s(&data(n, 2, 0.0)));
+            let [ro, rm, rr] = ln_ref(4, n, &f64s(&x32), Some(&f64s(&w)), Some(&f64s(&b)), 1e-5);
+            let mut special = x32.clone();
+            special[2 * n + n / 2] = f32::NAN;
+            special[3 * n] = f32::INFINITY;
+            for (name, rows) in paths {
+                let (mut out, mut mean, mut rstd) = (vec![0f32; 4 * n], [0f32; 4], [0f32; 4]);
+                rows(
+                    n,
+                    &x32,
+                    Some(&w),
+                    Some(&b),
+                    1e-5,
+                    &mut out,
+                    Some(&mut mean),
+                    Some(&mut rstd),
+                );
+                close(&format!("{name} n={n} out"), &f64s(&out), &ro, 2e-5);
+                close(&format!("{name} n={n} mean"), &f64s(&mean), &rm, 1e-6);
+                close(&format!("{name} n={n} rstd"), &f64s(&rstd), &rr, 1e-5);
+                rows(n, &special, None, None, 1e-5, &mut out, None, None);
+                assert!(out[..2 * n].iter().all(|v| v.is_finite()), "{name} n={n}");
+                assert!(out[2 * n..].iter().all(|v| v.is_nan()), "{name} n={n}");
+            }
         }
     }
 
