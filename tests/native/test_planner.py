@@ -290,3 +290,43 @@ def test_residual_and_epilogue_not_folded_when_the_product_is_read_elsewhere() -
         plan = _compile_and_check(fn, x, r, rtol=1e-4, atol=1e-4)
         assert plan["instructions"][0] == "matmul"
         assert len(plan["instructions"]) > 1
+
+
+def _conv_bn(c_in: int, c_out: int, stride: int = 1) -> torch.nn.Sequential:
+    g = torch.Generator().manual_seed(c_in * 100 + c_out)
+    conv = torch.nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+    bn = torch.nn.BatchNorm2d(c_out)
+    with torch.no_grad():  # statistics and affine parameters far from the identity
+        bn.running_mean.normal_(generator=g)
+        bn.running_var.uniform_(0.5, 2.0, generator=g)
+        bn.weight.normal_(generator=g)
+        bn.bias.normal_(generator=g)
+    return torch.nn.Sequential(conv, bn).eval()
+
+
+@pytest.mark.parametrize("size", [8, 20], ids=["im2col", "shifted"])
+def test_batch_norm_residual_and_relu_folded_into_the_convolution(size: int) -> None:
+    """A ResNet block, conv-bn-relu then conv-bn plus a (downsampled) identity then relu, runs as its
+    convolutions alone: each applies its norm, the residual and the relu to its tiles as it writes
+    them. 20-wide planes take the shifted-GEMM path, 8-wide ones im2col."""
+    first, second, down = _conv_bn(16, 32), _conv_bn(32, 32), _conv_bn(16, 32)
+
+    def block(x):  # type: ignore[no-untyped-def]
+        return torch.relu(second(torch.relu(first(x))) + down(x))
+
+    plan = _compile_and_check(block, torch.randn(2, 16, size, size), rtol=1e-4, atol=1e-4)
+    assert plan["instructions"] == ["conv2d", "conv2d", "conv2d"]
+
+
+def test_convolution_read_elsewhere_keeps_its_own_output() -> None:
+    """A convolution whose output another op also reads keeps it as it is; the norm and relu run
+    as their own sweep."""
+    block = _conv_bn(8, 16)
+
+    def fn(x):  # type: ignore[no-untyped-def]
+        y = block[0](x)
+        return torch.relu(block[1](y)), y.sum()
+
+    plan = _compile_and_check(fn, torch.randn(1, 8, 10, 10), rtol=1e-4, atol=1e-4)
+    assert plan["instructions"][0] == "conv2d"
+    assert "elementwise" in plan["instructions"]

@@ -205,6 +205,10 @@ pub enum Instr {
         groups: usize,
         transposed: bool,
         output_padding: [usize; 2],
+        /// Applied to the output as it is written (forward convolutions only); boxed, as it is
+        /// large and rare next to the other instructions.
+        #[serde(default)]
+        epilogue: Option<Box<ConvEpilogue>>,
     },
     MaxPool2d {
         input: Operand,
@@ -272,6 +276,29 @@ fn one() -> f64 {
 }
 
 /// A float that may be non-finite: JSON has no NaN/Infinity, so Python writes those as strings.
+/// What a convolution applies to its output as it writes it, in this order: batch norm in eval
+/// mode, a residual of the output's shape, relu.
+#[derive(Deserialize, Clone, Debug)]
+pub struct ConvEpilogue {
+    #[serde(default)]
+    pub norm: Option<BatchNormEval>,
+    #[serde(default)]
+    pub residual: Option<Operand>,
+    #[serde(default)]
+    pub relu: bool,
+}
+
+/// Batch norm with running statistics: `(y - mean) / sqrt(var + eps) · weight + bias` per channel.
+#[derive(Deserialize, Clone, Debug)]
+pub struct BatchNormEval {
+    pub mean: Operand,
+    pub var: Operand,
+    pub weight: Option<Operand>,
+    pub bias: Option<Operand>,
+    #[serde(deserialize_with = "de_f64")]
+    pub eps: f64,
+}
+
 pub fn de_f64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]

@@ -433,8 +433,39 @@ impl Program {
                     dilation,
                     groups,
                     transposed,
+                    epilogue,
                     ..
                 } => {
+                    if let Some(e) = epilogue {
+                        if *transposed {
+                            return Err("conv2d epilogue: forward convolutions only".into());
+                        }
+                        let c_out = out.shape.get(1).copied().unwrap_or(0);
+                        if let Some(r) = &e.residual {
+                            chk(r)?;
+                            require_contiguous(r, "conv2d residual", &[out.dtype])?;
+                            if r.shape != out.shape {
+                                return Err("conv2d residual must have the output's shape".into());
+                            }
+                        }
+                        if let Some(nm) = &e.norm {
+                            let params = [
+                                Some(&nm.mean),
+                                Some(&nm.var),
+                                nm.weight.as_ref(),
+                                nm.bias.as_ref(),
+                            ];
+                            for op in params.into_iter().flatten() {
+                                chk(op)?;
+                                require_contiguous(op, "conv2d batch norm", &[out.dtype])?;
+                                if op.numel() != c_out {
+                                    return Err(
+                                        "conv2d batch norm: one value per output channel".into()
+                                    );
+                                }
+                            }
+                        }
+                    }
                     for op in [input, weight, out] {
                         chk(op)?;
                         require_contiguous(op, "conv2d", &[input.dtype])?;
@@ -807,6 +838,39 @@ unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
     }
 }
 
+/// Batch norm's per-channel `(scale, shift)` in f64: `scale = weight / sqrt(var + eps)`,
+/// `shift = bias - mean · scale` (weight 1 and bias 0 when absent), as PyTorch's eval kernel folds them.
+///
+/// # Safety
+/// The operands must be valid in `f`, as for every instruction (checked by `validate`).
+unsafe fn batch_norm_scale_shift(
+    f: &Frame<'_>,
+    nm: &crate::plan::BatchNormEval,
+    channels: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let read = |op: &Operand| -> Vec<f64> {
+        match op.dtype {
+            // SAFETY: as the function's
+            DType::F64 => unsafe { f.slice::<f64>(op) }.to_vec(),
+            _ => unsafe { f.slice::<f32>(op) }
+                .iter()
+                .map(|&v| v as f64)
+                .collect(),
+        }
+    };
+    let (mean, var) = (read(&nm.mean), read(&nm.var));
+    let weight = nm.weight.as_ref().map(read);
+    let bias = nm.bias.as_ref().map(read);
+    let mut scale = Vec::with_capacity(channels);
+    let mut shift = Vec::with_capacity(channels);
+    for c in 0..channels {
+        let s = weight.as_ref().map_or(1.0, |w| w[c]) / (var[c] + nm.eps).sqrt();
+        scale.push(s);
+        shift.push(bias.as_ref().map_or(0.0, |b| b[c]) - mean[c] * s);
+    }
+    (scale, shift)
+}
+
 /// Calls the f64 or the f32 variant of a kernel with the same arguments (slices take their type from it).
 macro_rules! by_float {
     ($dtype:expr, $f32:path, $f64:path, ($($arg:expr),* $(,)?)) => {
@@ -1056,6 +1120,7 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
             groups,
             transposed,
             output_padding,
+            epilogue,
         } => {
             let (n, c_in, h, w) = (
                 input.shape[0],
@@ -1095,20 +1160,40 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
                     } else {
                         let s =
                             conv2d_shape(input, weight, out, *stride, *padding, *dilation, *groups);
+                        let epilogue = epilogue.as_deref();
+                        let (scale, shift) = match epilogue.and_then(|e| e.norm.as_ref()) {
+                            Some(nm) => {
+                                let (s, t) = batch_norm_scale_shift(f, nm, c_out);
+                                let cast = |v: Vec<f64>| v.into_iter().map(|x| x as $t).collect();
+                                (cast(s), cast(t))
+                            }
+                            None => (Vec::<$t>::new(), Vec::<$t>::new()),
+                        };
+                        let epi = conv::Epilogue {
+                            scale_shift: epilogue
+                                .is_some_and(|e| e.norm.is_some())
+                                .then_some((&scale[..], &shift[..])),
+                            residual: epilogue
+                                .and_then(|e| e.residual.as_ref())
+                                .map(|r| f.slice::<$t>(r)),
+                            relu: epilogue.is_some_and(|e| e.relu),
+                        };
                         match weight_taps {
-                            Some(t) => conv_shifted::conv2d_shifted::<$t>(
+                            Some(t) => conv_shifted::conv2d_shifted_with::<$t>(
                                 &s,
                                 f.slice(input),
                                 f.slice(t),
                                 b,
                                 f.slice_mut(out),
+                                &epi,
                             ),
-                            None => conv::conv2d::<$t>(
+                            None => conv::conv2d_with::<$t>(
                                 &s,
                                 f.slice(input),
                                 f.slice(weight),
                                 b,
                                 f.slice_mut(out),
+                                &epi,
                             ),
                         }
                     }

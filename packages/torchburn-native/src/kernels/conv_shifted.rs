@@ -19,7 +19,7 @@
 //! [`ACC_BYTES`]), each running its GEMMs single-threaded. The padded copy of one image is kept in a
 //! per-thread buffer between calls; the planner takes this path only while that copy is small.
 
-use crate::kernels::conv::{numel, Conv2dShape, ConvScalar};
+use crate::kernels::conv::{numel, Conv2dShape, ConvScalar, Epilogue};
 use crate::kernels::gemm::{gemm, Mat, MatMut};
 use crate::threads::{self, SendPtr};
 
@@ -50,6 +50,18 @@ pub fn conv2d_shifted<T: ConvScalar>(
     bias: Option<&[T]>,
     out: &mut [T],
 ) {
+    conv2d_shifted_with(s, input, taps, bias, out, &Epilogue::NONE)
+}
+
+/// [`conv2d_shifted`] followed by `epi` on each output row as it is copied out of the accumulator.
+pub fn conv2d_shifted_with<T: ConvScalar>(
+    s: &Conv2dShape,
+    input: &[T],
+    taps: &[T],
+    bias: Option<&[T]>,
+    out: &mut [T],
+    epi: &Epilogue<'_, T>,
+) {
     const WHAT: &str = "conv2d (shifted)";
     assert!(
         applies(s),
@@ -78,6 +90,7 @@ pub fn conv2d_shifted<T: ConvScalar>(
     if let Some(b) = bias {
         exact("bias", b.len(), &[c_out]);
     }
+    epi.check(c_out, out.len());
     if out.is_empty() {
         return;
     }
@@ -160,6 +173,7 @@ pub fn conv2d_shifted<T: ConvScalar>(
                             for (d, &v) in dst.iter_mut().zip(src) {
                                 *d = v + add;
                             }
+                            epi.apply(o, ((b * c_out + o) * h + y) * w, dst);
                         }
                     }
                 });
@@ -181,6 +195,59 @@ mod tests {
 
     fn data(len: usize, seed: u64) -> Vec<f32> {
         uniform(len, seed).map(|u| (u * 2.0 - 1.0) as f32).collect()
+    }
+
+    #[test]
+    fn epilogue_matches_the_im2col_convolution_with_it() {
+        use crate::kernels::conv::conv2d_with;
+        let (n, c_in, c_out, h, w, k) = (2, 5, 6, 13, 9, 3);
+        let s = Conv2dShape {
+            n,
+            c_in,
+            h,
+            w,
+            c_out,
+            kh: k,
+            kw: k,
+            stride: [1, 1],
+            padding: [1, 1],
+            dilation: [1, 1],
+            groups: 1,
+            h_out: h,
+            w_out: w,
+        };
+        let x = data(n * c_in * h * w, 1);
+        let wt = data(c_out * c_in * k * k, 2);
+        let mut taps = vec![0f32; wt.len()];
+        for o in 0..c_out {
+            for i in 0..c_in {
+                for t in 0..k * k {
+                    taps[(t * c_out + o) * c_in + i] = wt[(o * c_in + i) * k * k + t];
+                }
+            }
+        }
+        let (scale, shift, res) = (data(c_out, 3), data(c_out, 4), data(n * c_out * h * w, 5));
+        for (norm, residual, relu) in [
+            (true, true, true),
+            (true, false, true),
+            (false, true, false),
+        ] {
+            let epi = Epilogue {
+                scale_shift: norm.then_some((&scale[..], &shift[..])),
+                residual: residual.then_some(&res[..]),
+                relu,
+            };
+            let mut want = vec![0f32; res.len()];
+            conv2d_with(&s, &x, &wt, None, &mut want, &epi);
+            let mut got = vec![f32::NAN; res.len()];
+            conv2d_shifted_with(&s, &x, &taps, None, &mut got, &epi);
+            for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - e).abs() <= 1e-5 * (1.0 + e.abs()),
+                    "{epi:?} at {i}: {g} vs {e}"
+                );
+            }
+        }
     }
 
     #[test]

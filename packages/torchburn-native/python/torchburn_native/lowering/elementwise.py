@@ -154,7 +154,7 @@ def bitwise_not(p: Planner, node: Any, x: Tensorish) -> Lazy:
 EPILOGUE_ACTIVATIONS = {"relu", "gelu", "gelu_tanh", "sigmoid", "tanh", "silu"}
 
 
-def _only_use(p: Planner, src: Any, x: Value) -> bool:
+def only_use(p: Planner, src: Any, x: Value) -> bool:
     """Whether the node being lowered is the only reader of ``x``'s buffer: ``src`` (its argument)
     and every view between it and the node that made the buffer have exactly one user each."""
     node = src
@@ -177,7 +177,15 @@ def _fuse_epilogue(p: Planner, node: Any, x: Tensorish, act: str) -> Value | Non
         return None
     instr = p.instrs[producer]
     src = node.args[0]
-    if instr["kind"] != "matmul" or instr.get("act") is not None or not _only_use(p, src, x):
+    if not only_use(p, src, x):
+        return None
+    if instr["kind"] == "conv2d" and act == "relu":
+        found = linalg.conv_epilogue(p, x)
+        if found is None or found[0]["relu"]:
+            return None
+        found[0]["relu"] = True
+        return x
+    if instr["kind"] != "matmul" or instr.get("act") is not None:
         return None
     if instr["out"]["buf"] is not x.buffer or not x.is_contiguous:
         return None
@@ -270,7 +278,7 @@ def _fused_residual(p: Planner, node: Any, a: Any, b: Any) -> Value | None:
             isinstance(x, Value)
             and isinstance(r, Value)
             and x.dtype == _out_dtype(p)
-            and _only_use(p, src, x)
+            and only_use(p, src, x)
             and linalg.fuse_residual(p, x, r)
         ):
             return x

@@ -74,15 +74,47 @@ def _weight_layout(p: Planner, v: Value, rows: int) -> tuple[Value, int]:
     return p.row_major_copy(v), 0
 
 
-def fuse_residual(p: Planner, x: Value, r: Value) -> bool:
-    """Folds ``x + r`` into the matmul that just produced ``x``: its output blocks start from ``r``
-    (plus any bias) and the product accumulates onto them, so the sum costs no pass over memory of
-    its own. ``x`` must be the whole output of that matmul, read nowhere else; ``r`` a tensor of the
-    same shape, layout and dtype that exists before the matmul runs. True if folded."""
+def conv_epilogue(p: Planner, x: Value) -> tuple[dict[str, Any], int] | None:
+    """The epilogue of the forward 2-D convolution whose whole output ``x`` is (made empty if it has
+    none yet), and that convolution's instruction index; None if ``x`` is no such output. Steps
+    attached to it run on each output tile as the convolution writes it (``kernels/conv.rs``
+    ``Epilogue``): batch norm, then a residual, then relu."""
     producer = p.producer.get(id(x.buffer))
-    if producer is None or r.buffer is x.buffer:
-        return False
+    if producer is None or x.dtype not in (torch.float32, torch.float64):
+        return None
     instr = p.instrs[producer]
+    if instr["kind"] != "conv2d" or instr["transposed"]:
+        return None
+    out = instr["out"]
+    if out["buf"] is not x.buffer or out["offset"] != 0 or x.offset != 0:
+        return None
+    if not x.is_contiguous or list(x.shape) != list(out["shape"]):
+        return None
+    if instr["epilogue"] is None:
+        instr["epilogue"] = {"norm": None, "residual": None, "relu": False}
+    return instr["epilogue"], producer
+
+
+def fuse_residual(p: Planner, x: Value, r: Value) -> bool:
+    """Folds ``x + r`` into the matmul or convolution that just produced ``x``: a matmul's output
+    blocks start from ``r`` (plus any bias) and the product accumulates onto them; a convolution adds
+    ``r`` in its epilogue. Either way the sum costs no pass over memory of its own. ``x`` must be the
+    whole output of that product, read nowhere else; ``r`` a dense tensor of the same shape and
+    dtype that exists before the product runs. True if folded."""
+    producer = p.producer.get(id(x.buffer))
+    if producer is None or r.buffer is x.buffer or r.shape != x.shape or r.dtype != x.dtype:
+        return False
+    made = p.producer.get(id(r.buffer))
+    if made is not None and made >= producer:
+        return False  # computed after the product
+    instr = p.instrs[producer]
+    if instr["kind"] == "conv2d":
+        found = conv_epilogue(p, x)
+        if found is None or not r.is_contiguous or found[0]["residual"] is not None or found[0]["relu"]:
+            return False
+        found[0]["residual"] = r.operand()
+        r.buffer.touch(producer)
+        return True
     if instr["kind"] != "matmul" or instr.get("residual") is not None or instr.get("act") is not None:
         return False
     out = instr["out"]
@@ -93,13 +125,8 @@ def fuse_residual(p: Planner, x: Value, r: Value) -> bool:
         or x.offset != 0
         or not (whole.is_contiguous and x.is_contiguous and r.is_contiguous)
         or x.numel != whole.numel
-        or r.shape != x.shape
-        or r.dtype != x.dtype
     ):
         return False
-    made = p.producer.get(id(r.buffer))
-    if made is not None and made >= producer:
-        return False  # computed after the matmul
     # r laid out as the matmul's output: both are dense, element for element
     instr["residual"] = r.operand(whole.shape, whole.strides)
     r.buffer.touch(producer)
@@ -217,6 +244,7 @@ def convolution(
         "groups": int(groups),
         "transposed": bool(transposed),
         "output_padding": list(output_padding),
+        "epilogue": None,
     }
     p.emit(instr, [xv, wv, bv, taps], [out])
     return out

@@ -14,8 +14,8 @@ import torch
 
 from ..planner import Planner
 from ..values import FLOAT_DTYPES, Lazy, Tensorish, Value, contiguous_strides, domain_of, numel
-from . import lower
-from .elementwise import binary_expr, unary_expr
+from . import linalg, lower
+from .elementwise import binary_expr, only_use, unary_expr
 
 aten = torch.ops.aten
 
@@ -210,12 +210,55 @@ def _per_channel(p: Planner, t: Tensorish, rank: int) -> Value:
     return v.with_view((v.shape[0],) + (1,) * (rank - 2), (v.strides[0],) + (0,) * (rank - 2), v.offset)
 
 
+def _batch_norm_into_conv(
+    p: Planner, node: Any, x: Tensorish, params: tuple[Any, Any, Tensorish, Tensorish], eps: float
+) -> bool:
+    """Batch norm right after a convolution whose output nothing else reads: the convolution applies
+    it to each output tile as it writes it (``kernels/conv.rs`` ``Epilogue``). True if attached."""
+    if not isinstance(x, Value) or p.out_meta()[0].dtype != x.dtype or not only_use(p, node.args[0], x):
+        return False
+    found = linalg.conv_epilogue(p, x)
+    if found is None:
+        return False
+    epilogue, conv = found
+    channels = x.shape[1]
+    values = [None if v is None else p.value(v) for v in params]
+    usable = all(
+        v is None or (v.dtype == x.dtype and v.is_contiguous and v.rank == 1 and v.numel == channels) for v in values
+    )
+    weight, bias, mean, var = values
+    if not usable or mean is None or var is None or epilogue != {"norm": None, "residual": None, "relu": False}:
+        return False
+    for v in values:
+        if v is not None:
+            v.buffer.touch(conv)
+    epilogue["norm"] = {
+        "mean": mean.operand(),
+        "var": var.operand(),
+        "weight": weight.operand() if weight is not None else None,
+        "bias": bias.operand() if bias is not None else None,
+        "eps": float(eps),
+    }
+    return True
+
+
 def _batch_norm_eval(
-    p: Planner, x: Tensorish, weight: Any, bias: Any, mean: Tensorish, var: Tensorish, eps: float
+    p: Planner,
+    node: Any,
+    x: Tensorish,
+    weight: Any,
+    bias: Any,
+    mean: Tensorish,
+    var: Tensorish,
+    eps: float,
 ) -> tuple[Tensorish, Value, Value]:
     out_meta, m1, m2 = p.out_meta()
     dtype = out_meta.dtype
     rank = len(x.shape)
+    stats = (p.new_value(tuple(m1.shape), m1.dtype), p.new_value(tuple(m2.shape), m2.dtype))
+    if _batch_norm_into_conv(p, node, x, (weight, bias, mean, var), eps):
+        assert isinstance(x, Value)
+        return x, *stats
     # Per channel, once, as PyTorch's CPU kernel does: scale = weight / sqrt(var + eps) and
     # shift = bias - mean · scale. The sweep over x is then a multiply and an add per element, where
     # the textbook form also takes a reciprocal square root and three more operations per element.
@@ -230,7 +273,7 @@ def _batch_norm_eval(
     shift = p.materialize(p.lazy(shift, domain_of(cdt)), dtype=cdt)
     y = binary_expr(p, "mul", x, _per_channel(p, scale, rank), dtype, domain_of(cdt))
     y = binary_expr(p, "add", y, _per_channel(p, shift, rank), dtype, domain_of(cdt))
-    return y, p.new_value(tuple(m1.shape), m1.dtype), p.new_value(tuple(m2.shape), m2.dtype)
+    return y, *stats
 
 
 def _bn_check(node: Any) -> bool | str:
@@ -251,7 +294,7 @@ def batch_norm_no_training(
     momentum: float,
     eps: float,
 ) -> tuple[Tensorish, Value, Value]:
-    return _batch_norm_eval(p, x, weight, bias, mean, var, eps)
+    return _batch_norm_eval(p, node, x, weight, bias, mean, var, eps)
 
 
 @lower(aten.native_batch_norm.default, family="normalization", dtypes=FLOAT_DTYPES, check=_bn_check)
@@ -267,7 +310,7 @@ def native_batch_norm(
     momentum: float,
     eps: float,
 ) -> tuple[Tensorish, Value, Value]:
-    return _batch_norm_eval(p, x, weight, bias, mean, var, eps)
+    return _batch_norm_eval(p, node, x, weight, bias, mean, var, eps)
 
 
 def _sdpa_check(node: Any) -> bool | str:
