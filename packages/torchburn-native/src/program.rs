@@ -778,6 +778,9 @@ unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
                                 *d = v + r;
                             }
                         }
+                        (Some(b), false, None) if beta == T::ONE => {
+                            dst.copy_from_slice(row(Some(b)).unwrap_or_default())
+                        }
                         (Some(b), false, None) => {
                             for (d, &b) in dst.iter_mut().zip(row(Some(b)).unwrap_or_default()) {
                                 *d = beta * b;

@@ -21,6 +21,15 @@ pub fn halve<T: Copy, const N: usize>(mut acc: [T; N], combine: impl Fn(T, T) ->
     acc[0]
 }
 
+/// An AVX-512 mask of lanes `0 .. len` (`len < 16`): the tail of a row shorter than a vector, for
+/// masked loads and stores.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub fn tail_mask16(len: usize) -> std::arch::x86_64::__mmask16 {
+    debug_assert!(len < 16);
+    ((1u32 << len) - 1) as u16
+}
+
 #[cfg(test)]
 mod tests {
     use super::halve;

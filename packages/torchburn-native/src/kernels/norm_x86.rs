@@ -12,6 +12,8 @@
 
 use std::arch::x86_64::*;
 
+use crate::kernels::lanes::tail_mask16;
+
 /// Rows up to this wide take this path: one statistics block of [`super::norm`].
 pub const MAX_ROW: usize = 2048;
 /// Elements whose mean is the first guess of a row's mean (the portable path's `LANES`).
@@ -46,12 +48,6 @@ pub fn layer_norm_rows_f32(
     // SAFETY: the CPU has AVX-512F; every access stays within the rows checked above
     unsafe { rows_avx512(n, x, w, b, eps, out, mean, rstd) };
     true
-}
-
-/// Lanes `0 .. len` of a 16-lane mask (`len < 16`).
-#[inline(always)]
-fn tail_mask(len: usize) -> __mmask16 {
-    ((1u32 << len) - 1) as __mmask16
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -120,7 +116,7 @@ unsafe fn sum(x: *const f32, n: usize) -> f32 {
         i += 16;
     }
     if i < n {
-        acc[1] = _mm512_add_ps(acc[1], _mm512_maskz_loadu_ps(tail_mask(n - i), x.add(i)));
+        acc[1] = _mm512_add_ps(acc[1], _mm512_maskz_loadu_ps(tail_mask16(n - i), x.add(i)));
     }
     _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]))
 }
@@ -150,7 +146,7 @@ unsafe fn deviations(x: *const f32, n: usize, c: f32) -> (f32, f32) {
         j = (j + 1) % 4;
     }
     if i < n {
-        let k = tail_mask(n - i);
+        let k = tail_mask16(n - i);
         let d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, x.add(i)), cv);
         s1[j] = _mm512_add_ps(s1[j], d);
         s2[j] = _mm512_fmadd_ps(d, d, s2[j]);
@@ -187,7 +183,7 @@ unsafe fn affine(
         let k = if i + 16 <= n {
             0xffff
         } else {
-            tail_mask(n - i)
+            tail_mask16(n - i)
         };
         let t = _mm512_fmadd_ps(
             _mm512_sub_ps(_mm512_maskz_loadu_ps(k, x.add(i)), hi),

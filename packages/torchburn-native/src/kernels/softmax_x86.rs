@@ -11,6 +11,8 @@
 
 use std::arch::x86_64::*;
 
+use crate::kernels::lanes::tail_mask16;
+
 use crate::kernels::math::ln_f32;
 
 /// Softmax (or, with `log`, log-softmax) of each length-`n` row of `x` into `out`, where the CPU
@@ -68,12 +70,6 @@ pub(crate) unsafe fn exp_nonpos(x: __m512) -> __m512 {
     _mm512_scalef_ps(p, n)
 }
 
-/// Lanes `0 .. len` of a 16-lane mask (`len < 16`).
-#[inline(always)]
-fn tail_mask(len: usize) -> __mmask16 {
-    ((1u32 << len) - 1) as __mmask16
-}
-
 #[target_feature(enable = "avx512f")]
 unsafe fn rows_avx512(x: &[f32], out: &mut [f32], n: usize, log: bool) {
     for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
@@ -109,7 +105,7 @@ unsafe fn row_max(x: *const f32, n: usize) -> f32 {
         i += 16;
     }
     if i < n {
-        let v = _mm512_mask_loadu_ps(neg_inf, tail_mask(n - i), x.add(i));
+        let v = _mm512_mask_loadu_ps(neg_inf, tail_mask16(n - i), x.add(i));
         acc[0] = _mm512_max_ps(v, acc[0]);
     }
     let all = _mm512_max_ps(_mm512_max_ps(acc[0], acc[1]), _mm512_max_ps(acc[2], acc[3]));
@@ -142,7 +138,7 @@ unsafe fn exp_sum(x: *const f32, n: usize, m: f32, out: Option<*mut f32>) -> f32
         i += 16;
     }
     if i < n {
-        let k = tail_mask(n - i);
+        let k = tail_mask16(n - i);
         let e = exp_nonpos(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x.add(i)), mv));
         if let Some(o) = out {
             _mm512_mask_storeu_ps(o.add(i), k, e);
@@ -165,7 +161,7 @@ unsafe fn shift_twice(x: *const f32, out: *mut f32, n: usize, m: f32, ls: f32) {
         i += 16;
     }
     if i < n {
-        let k = tail_mask(n - i);
+        let k = tail_mask16(n - i);
         let v = _mm512_maskz_loadu_ps(k, x.add(i));
         _mm512_mask_storeu_ps(out.add(i), k, _mm512_sub_ps(_mm512_sub_ps(v, m), ls));
     }
@@ -182,7 +178,7 @@ unsafe fn scale(out: *mut f32, n: usize, s: f32) {
         i += 16;
     }
     if i < n {
-        let k = tail_mask(n - i);
+        let k = tail_mask16(n - i);
         let v = _mm512_maskz_loadu_ps(k, out.add(i));
         _mm512_mask_storeu_ps(out.add(i), k, _mm512_mul_ps(v, s));
     }
