@@ -330,3 +330,19 @@ def test_convolution_read_elsewhere_keeps_its_own_output() -> None:
     plan = _compile_and_check(fn, torch.randn(1, 8, 10, 10), rtol=1e-4, atol=1e-4)
     assert plan["instructions"][0] == "conv2d"
     assert "elementwise" in plan["instructions"]
+
+
+def test_batch_norm_with_statistics_computed_after_the_convolution_stays_a_sweep() -> None:
+    """Statistics the graph computes after the convolution (here from its input) cannot be read by
+    the convolution's epilogue: the norm stays a sweep of its own, and the result is right."""
+    conv = torch.nn.Conv2d(4, 6, 3, padding=1, bias=False).eval()
+
+    def fn(x, w, b):  # type: ignore[no-untyped-def]
+        y = conv(x)
+        mean = x.mean() * torch.ones(6)  # made after the convolution in the graph's order
+        var = (x * x).mean() * torch.ones(6) + 0.5
+        return torch.relu(F.batch_norm(y, mean, var, w, b, training=False))
+
+    plan = _compile_and_check(fn, torch.randn(1, 4, 9, 9), torch.randn(6), torch.randn(6), rtol=1e-4, atol=1e-4)
+    assert plan["instructions"][0] == "conv2d"
+    assert "elementwise" in plan["instructions"][1:]

@@ -226,6 +226,8 @@ def _batch_norm_into_conv(
     usable = all(
         v is None or (v.dtype == x.dtype and v.is_contiguous and v.rank == 1 and v.numel == channels) for v in values
     )
+    # every parameter must exist before the convolution runs (a graph input, or made earlier)
+    usable = usable and all(v is None or p.producer.get(id(v.buffer), -1) < conv for v in values)
     weight, bias, mean, var = values
     if not usable or mean is None or var is None or epilogue != {"norm": None, "residual": None, "relu": False}:
         return False
