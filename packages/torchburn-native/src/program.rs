@@ -729,10 +729,6 @@ unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
     let os = &out.strides;
     let bias_at = addends.bias.map(|o| (f.ptr(o) as usize, &o.strides));
     let residual_at = addends.residual.map(|o| (f.ptr(o) as usize, &o.strides));
-    let (bias_at_strides, residual_at_strides) = (
-        addends.bias.map(|o| &o.strides),
-        addends.residual.map(|o| &o.strides),
-    );
     let accumulate = addends.bias.is_some() || addends.residual.is_some();
     let one = |bi: usize, parallel: bool| {
         let bi = bi as isize;
@@ -751,6 +747,9 @@ unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
         };
         // C's block starts as `beta · bias + residual` (either may be absent), one pass per row
         let fill = |rows: Range<usize>, cols: Range<usize>| {
+            // the bias's column stride: 0 (one value per row), 1 (a contiguous row, as Linear's)
+            let bias_cs = bias_at.map(|(_, bs)| bs[2]);
+            let residual_cs = residual_at.map(|(_, rs)| rs[2]);
             let bias_at = |i: usize, j: usize| {
                 bias_at.map(|(p, bs)| {
                     (p as *const T).offset(bi * bs[0] + i as isize * bs[1] + j as isize * bs[2])
@@ -761,16 +760,16 @@ unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
                     (p as *const T).offset(bi * rs[0] + i as isize * rs[1] + j as isize * rs[2])
                 })
             };
-            let unit = |strides: Option<&Vec<isize>>| strides.is_none_or(|s| s[2] == 1);
-            let (bias_strides, residual_strides) = (bias_at_strides, residual_at_strides);
             for i in rows {
                 let (n, j0) = (cols.len(), cols.start);
-                let row = |at: Option<*const T>| at.map(|p| std::slice::from_raw_parts(p, n));
-                if os[2] == 1 && unit(residual_strides) && bias_strides.is_none_or(|s| s[2] <= 1) {
-                    // contiguous output row; a contiguous bias row (Linear) or one value (per row)
+                let row = |p: *const T| std::slice::from_raw_parts(p, n);
+                if os[2] == 1
+                    && residual_cs.is_none_or(|c| c == 1)
+                    && bias_cs.is_none_or(|c| c <= 1)
+                {
                     let dst = std::slice::from_raw_parts_mut(c_at(i, j0), n);
-                    let res = row(residual_at(i, j0));
-                    match (bias_at(i, j0), bias_strides.is_some_and(|s| s[2] == 0), res) {
+                    let res = residual_at(i, j0).map(row);
+                    match (bias_at(i, j0), bias_cs == Some(0), res) {
                         (Some(v), true, None) => dst.fill(beta * *v),
                         (Some(v), true, Some(r)) => {
                             let v = beta * *v;
@@ -778,17 +777,14 @@ unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
                                 *d = v + r;
                             }
                         }
-                        (Some(b), false, None) if beta == T::ONE => {
-                            dst.copy_from_slice(row(Some(b)).unwrap_or_default())
-                        }
+                        (Some(b), false, None) if beta == T::ONE => dst.copy_from_slice(row(b)),
                         (Some(b), false, None) => {
-                            for (d, &b) in dst.iter_mut().zip(row(Some(b)).unwrap_or_default()) {
+                            for (d, &b) in dst.iter_mut().zip(row(b)) {
                                 *d = beta * b;
                             }
                         }
                         (Some(b), false, Some(r)) => {
-                            let b = row(Some(b)).unwrap_or_default();
-                            for ((d, &b), &r) in dst.iter_mut().zip(b).zip(r) {
+                            for ((d, &b), &r) in dst.iter_mut().zip(row(b)).zip(r) {
                                 *d = beta * b + r;
                             }
                         }
@@ -1164,18 +1160,15 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
                         let s =
                             conv2d_shape(input, weight, out, *stride, *padding, *dilation, *groups);
                         let epilogue = epilogue.as_deref();
-                        let (scale, shift) = match epilogue.and_then(|e| e.norm.as_ref()) {
-                            Some(nm) => {
-                                let (s, t) = batch_norm_scale_shift(f, nm, c_out);
-                                let cast = |v: Vec<f64>| v.into_iter().map(|x| x as $t).collect();
-                                (cast(s), cast(t))
-                            }
-                            None => (Vec::<$t>::new(), Vec::<$t>::new()),
-                        };
+                        let norm = epilogue.and_then(|e| e.norm.as_ref()).map(|nm| {
+                            let (s, t) = batch_norm_scale_shift(f, nm, c_out);
+                            let cast = |v: Vec<f64>| v.into_iter().map(|x| x as $t).collect();
+                            (cast(s), cast(t))
+                        });
                         let epi = conv::Epilogue {
-                            scale_shift: epilogue
-                                .is_some_and(|e| e.norm.is_some())
-                                .then_some((&scale[..], &shift[..])),
+                            scale_shift: norm
+                                .as_ref()
+                                .map(|(s, t): &(Vec<$t>, Vec<$t>)| (&s[..], &t[..])),
                             residual: epilogue
                                 .and_then(|e| e.residual.as_ref())
                                 .map(|r| f.slice::<$t>(r)),

@@ -222,16 +222,24 @@ def _batch_norm_into_conv(
         return False
     epilogue, conv = found
     channels = x.shape[1]
-    values = [None if v is None else p.value(v) for v in params]
+    # every parameter must be in memory before the convolution runs: a graph input, or made earlier
+    # (an expression not yet written would be made after it)
     usable = all(
-        v is None or (v.dtype == x.dtype and v.is_contiguous and v.rank == 1 and v.numel == channels) for v in values
+        v is None
+        or (
+            isinstance(v, Value)
+            and v.dtype == x.dtype
+            and v.is_contiguous
+            and v.rank == 1
+            and v.numel == channels
+            and p.producer.get(id(v.buffer), -1) < conv
+        )
+        for v in params
     )
-    # every parameter must exist before the convolution runs (a graph input, or made earlier)
-    usable = usable and all(v is None or p.producer.get(id(v.buffer), -1) < conv for v in values)
-    weight, bias, mean, var = values
+    weight, bias, mean, var = (v if isinstance(v, Value) else None for v in params)
     if not usable or mean is None or var is None or epilogue != {"norm": None, "residual": None, "relu": False}:
         return False
-    for v in values:
+    for v in (weight, bias, mean, var):
         if v is not None:
             v.buffer.touch(conv)
     epilogue["norm"] = {
