@@ -10,6 +10,7 @@
 
 #![allow(clippy::excessive_precision)]
 
+use super::prefetch;
 use std::arch::x86_64::*;
 
 /// `erf(z) = z·p(z²)/q(z²)`, the fit of [`super::math`], with `z = x/√2` and GELU's one half folded in:
@@ -86,6 +87,8 @@ unsafe fn gelu_avx512(a: &[f32], out: &mut [f32]) {
     let fixup = _mm512_set1_epi32(INFINITIES_TO_NAN);
     let mut i = 0;
     while i + 16 <= n {
+        prefetch::read_ahead(a.as_ptr().add(i));
+        prefetch::write_ahead(out.as_ptr().add(i));
         let x = _mm512_loadu_ps(a.as_ptr().add(i));
         let xc = _mm512_range_ps::<CLAMP_KEEPING_SIGN>(x, clamp);
         let s = _mm512_mul_ps(xc, xc);

@@ -13,6 +13,7 @@
 use std::arch::x86_64::*;
 
 use crate::kernels::lanes::tail_mask16;
+use crate::kernels::prefetch;
 
 /// Rows up to this wide take this path: one statistics block of [`super::norm`].
 pub const MAX_ROW: usize = 2048;
@@ -131,6 +132,7 @@ unsafe fn deviations(x: *const f32, n: usize, c: f32) -> (f32, f32) {
     let mut i = 0;
     while i + 64 <= n {
         for j in 0..4 {
+            prefetch::read_ahead(x.add(i + 16 * j));
             let d = _mm512_sub_ps(_mm512_loadu_ps(x.add(i + 16 * j)), cv);
             s1[j] = _mm512_add_ps(s1[j], d);
             s2[j] = _mm512_fmadd_ps(d, d, s2[j]);
@@ -185,6 +187,7 @@ unsafe fn affine(
         } else {
             tail_mask16(n - i)
         };
+        prefetch::write_ahead(out.add(i));
         let t = _mm512_fmadd_ps(
             _mm512_sub_ps(_mm512_maskz_loadu_ps(k, x.add(i)), hi),
             scale,

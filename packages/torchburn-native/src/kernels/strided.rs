@@ -5,6 +5,7 @@
 
 use half::{bf16, f16};
 
+use super::prefetch;
 use crate::plan::DType;
 
 pub const MAX_RANK: usize = 16;
@@ -224,8 +225,18 @@ unsafe fn read_run<S: Copy, T: Copy>(
 ) {
     if stride == 1 {
         let src = std::slice::from_raw_parts(p.offset(off), out.len());
-        for (o, &s) in out.iter_mut().zip(src) {
-            *o = f(s);
+        let line = (prefetch::LINE_BYTES / std::mem::size_of::<S>()).max(1);
+        let n = out.len();
+        let mut i = 0;
+        while i + line <= n {
+            prefetch::read_ahead(src.as_ptr().add(i));
+            for j in i..i + line {
+                *out.get_unchecked_mut(j) = f(*src.get_unchecked(j));
+            }
+            i += line;
+        }
+        for j in i..n {
+            *out.get_unchecked_mut(j) = f(*src.get_unchecked(j));
         }
     } else if stride == 0 {
         let v = f(*p.offset(off));
@@ -249,8 +260,18 @@ unsafe fn write_run<S: Copy, T: Copy>(
 ) {
     if stride == 1 {
         let dst = std::slice::from_raw_parts_mut(p.offset(off), src.len());
-        for (d, &s) in dst.iter_mut().zip(src) {
-            *d = f(s);
+        let line = (prefetch::LINE_BYTES / std::mem::size_of::<S>()).max(1);
+        let n = src.len();
+        let mut i = 0;
+        while i + line <= n {
+            prefetch::write_ahead(dst.as_ptr().add(i));
+            for j in i..i + line {
+                *dst.get_unchecked_mut(j) = f(*src.get_unchecked(j));
+            }
+            i += line;
+        }
+        for j in i..n {
+            *dst.get_unchecked_mut(j) = f(*src.get_unchecked(j));
         }
     } else {
         for (i, &s) in src.iter().enumerate() {
