@@ -47,9 +47,10 @@ def test_bias_and_activation_fused_into_gemm(act, name) -> None:  # type: ignore
 @pytest.mark.parametrize("bias_shape", [(160,), (1, 160), (130, 1), (130, 160)], ids=["row", "row2d", "column", "full"])
 @pytest.mark.parametrize("size", ["small", "parallel"])
 def test_gemm_bias_of_every_broadcast_with_beta_alpha_and_relu(bias_shape: tuple[int, ...], size: str) -> None:
-    """The bias is written per block of the output just before the block's product (and the
-    activation applied just after): every broadcast of it must land on the right elements, on the
-    serial path and when the product is split over threads."""
+    """The bias is added per block of the output, with the activation after the block's product
+    (row and full biases, contiguous along the row) or written before it (a column bias): every
+    broadcast of it must land on the right elements, with beta, on the serial path and when the
+    product is split over threads."""
     k = 8 if size == "small" else 200
     g = torch.Generator().manual_seed(3)
     a, b = torch.randn(130, k, generator=g), torch.randn(k, 160, generator=g)

@@ -1,12 +1,17 @@
 //! Times fused attention on the Rust side alone (the engine's own micro-kernels, no host BLAS):
-//! `cargo run --release --no-default-features --example attn_bench -- [b h t d [threads [causal]]]`.
+//! `cargo run --release --no-default-features --example attn_bench -- [b h t d [threads [causal [fused]]]]`
+//! (`fused` 1: q, k and v are views of one `[b, t, 3, h, d]` projection and the output is written
+//! as `[b, t, h, d]`, as in a transformer layer).
 use std::time::Instant;
-use torchburn_native::kernels::attention::{sdpa_f32, SdpaShape};
+use torchburn_native::kernels::attention::{
+    sdpa_f32, sdpa_f32_rows, HeadRows, SdpaRows, SdpaShape,
+};
 
 fn main() {
     let arg = |i: usize, d: usize| std::env::args().nth(i).map_or(d, |s| s.parse().unwrap());
     let (b, h, t, d, threads) = (arg(1, 4), arg(2, 8), arg(3, 128), arg(4, 64), arg(5, 2));
     let causal = arg(6, 0) != 0;
+    let fused = arg(7, 0) != 0;
     torchburn_native::threads::init(threads);
     let s = SdpaShape {
         b,
@@ -23,13 +28,51 @@ fn main() {
             .collect()
     };
     let (q, k, v) = (data(1), data(2), data(3));
+    let qkv: Vec<f32> = (0..3 * len)
+        .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+        .collect();
+    // [b, t, 3, h, d]: row stride 3·h·d, head stride d, batch stride t·3·h·d
+    let fused_rows = HeadRows {
+        batch: t * 3 * h * d,
+        head: d,
+        row: 3 * h * d,
+    };
+    let fm = arg(7, 0);
+    let plain = HeadRows::contiguous(h, t, d);
+    let pick = |bit: usize, r: HeadRows| if fm & bit != 0 { r } else { plain };
+    let rows = SdpaRows {
+        q: pick(1, fused_rows),
+        k: pick(2, fused_rows),
+        v: pick(4, fused_rows),
+        out: pick(
+            8,
+            HeadRows {
+                batch: t * h * d,
+                head: d,
+                row: h * d,
+            },
+        ),
+    };
     let mut out = vec![0f32; len];
     let scale = 1.0 / (d as f32).sqrt();
     let reps = (4e8 / (2 * b * h * t * t * d) as f64).clamp(5.0, 2000.0) as usize;
     let mut times: Vec<f64> = (0..reps)
         .map(|_| {
             let start = Instant::now();
-            sdpa_f32(&s, &q, &k, &v, None, causal, scale, &mut out, None);
+            if fused {
+                let (qs, ks, vs) = (
+                    if fm & 1 != 0 { &qkv[..] } else { &q[..] },
+                    if fm & 2 != 0 { &qkv[h * d..] } else { &k[..] },
+                    if fm & 4 != 0 {
+                        &qkv[2 * h * d..]
+                    } else {
+                        &v[..]
+                    },
+                );
+                sdpa_f32_rows(&s, &rows, qs, ks, vs, None, causal, scale, &mut out, None);
+            } else {
+                sdpa_f32(&s, &q, &k, &v, None, causal, scale, &mut out, None);
+            }
             start.elapsed().as_secs_f64()
         })
         .collect();

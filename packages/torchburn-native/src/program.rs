@@ -709,9 +709,15 @@ struct Addends<'a> {
     residual: Option<&'a Operand>,
 }
 
-/// `out[b] = alpha · a[b] @ b[b] (+ beta · bias) (+ residual) then act`, for every batch b. The
-/// addends are written into each block of `out` just before the block's product accumulates onto it,
-/// and the activation applied just after, by the thread that computes the block (see [`BlockHooks`]).
+/// `out[b] = alpha · a[b] @ b[b] (+ beta · bias) (+ residual) then act`, for every batch b, each block
+/// of `out` finished by the thread that computes it (see [`BlockHooks`]).
+///
+/// Where `out`'s rows are contiguous and so are the addends' (a Linear's bias row, a residual), the
+/// product is written first and the addends and the activation follow in one pass over the block
+/// while it is in cache. Written into the block before the product instead, the addends are a write
+/// stream of their own to memory not yet in cache: Linear+ReLU 128x512 -> 1024 on 2 threads took
+/// 369-413 us that way against 345-359. Other layouts take that way still: the block starts as
+/// `beta · bias + residual` and the product accumulates onto it.
 #[allow(clippy::too_many_arguments)]
 unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
     f: &Frame<'_>,
@@ -729,20 +735,34 @@ unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
     let os = &out.strides;
     let bias_at = addends.bias.map(|o| (f.ptr(o) as usize, &o.strides));
     let residual_at = addends.residual.map(|o| (f.ptr(o) as usize, &o.strides));
-    let accumulate = addends.bias.is_some() || addends.residual.is_some();
+    let rows_contiguous = |o: &Operand| o.strides[2] == 1;
+    let after_product = os[2] == 1
+        && addends.bias.is_none_or(rows_contiguous)
+        && addends.residual.is_none_or(rows_contiguous);
+    let has_addends = addends.bias.is_some() || addends.residual.is_some();
+    let accumulate = has_addends && !after_product;
     let one = |bi: usize, parallel: bool| {
         let bi = bi as isize;
         let c_at = |i: usize, j: usize| {
             (pc as *mut T).offset(bi * os[0] + i as isize * os[1] + j as isize * os[2])
         };
-        let activate = |rows: Range<usize>, cols: Range<usize>| {
-            let Some(act) = act else { return };
-            // the output is contiguous (checked by the caller): each row's columns are one slice
+        // the addends' rows `i` over the block's columns (contiguous, as `after_product` requires)
+        let addend_row = |at: Option<(usize, &Vec<isize>)>, i: usize, cols: &Range<usize>| {
+            at.map(|(p, st)| {
+                let row = bi * st[0] + i as isize * st[1] + cols.start as isize;
+                std::slice::from_raw_parts((p as *const T).offset(row), cols.len())
+            })
+        };
+        let finish = |rows: Range<usize>, cols: Range<usize>| {
             for i in rows {
-                T::activate(
-                    act,
-                    std::slice::from_raw_parts_mut(c_at(i, cols.start), cols.len()),
-                );
+                let dst = std::slice::from_raw_parts_mut(c_at(i, cols.start), cols.len());
+                if after_product && has_addends {
+                    let bias = addend_row(bias_at, i, &cols);
+                    let residual = addend_row(residual_at, i, &cols);
+                    T::add_activate(act, beta, bias, residual, dst);
+                } else if let Some(act) = act {
+                    T::activate(act, dst);
+                }
             }
         };
         // C's block starts as `beta · bias + residual` (either may be absent), one pass per row
@@ -801,7 +821,8 @@ unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
         };
         let hooks = BlockHooks {
             before: accumulate.then_some(&fill as BlockFn<'_>),
-            after: act.is_some().then_some(&activate as BlockFn<'_>),
+            after: (act.is_some() || (has_addends && after_product))
+                .then_some(&finish as BlockFn<'_>),
         };
         gemm_hooked::<T>(
             m,

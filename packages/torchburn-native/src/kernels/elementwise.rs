@@ -1285,39 +1285,111 @@ fn unary_inplace<T: Arith>(f: UnaryFn, data: &mut [T]) {
     }
 }
 
-/// In-place activation compiled per ISA, one function per float type.
-macro_rules! activate_fn {
-    ($name:ident, $t:ty) => {
+/// `data = act(data + beta·bias + residual)` (each addend optional), a chunk at a time through an L1
+/// buffer: the epilogue of a GEMM whose product was written first.
+#[inline(always)]
+fn add_activate_inplace<T: Arith>(
+    f: Option<UnaryFn>,
+    beta: T,
+    bias: Option<&[T]>,
+    residual: Option<&[T]>,
+    data: &mut [T],
+) {
+    let (mut t, mut u) = ([T::default(); CHUNK], [T::default(); CHUNK]);
+    for (ci, c) in data.chunks_mut(CHUNK).enumerate() {
+        let (lo, n) = (ci * CHUNK, c.len());
+        let (t, u) = (&mut t[..n], &mut u[..n]);
+        // the running sum lives in `t`; `u` holds beta·bias
+        t.copy_from_slice(c);
+        if let Some(b) = bias {
+            let b = &b[lo..lo + n];
+            if beta == T::from_i64(1) {
+                T::binary(BinaryFn::Add, c, b, t, false);
+            } else {
+                T::binary_vs(BinaryFn::Mul, b, beta, u, false);
+                T::binary(BinaryFn::Add, c, u, t, false);
+            }
+        }
+        if let Some(r) = residual {
+            u.copy_from_slice(t);
+            T::binary(BinaryFn::Add, u, &r[lo..lo + n], t, false);
+        }
+        match f {
+            Some(f) => T::unary(f, t, c, false),
+            None => c.copy_from_slice(t),
+        }
+    }
+}
+
+/// In-place activation, and the same after addends, compiled per ISA, one function each per float
+/// type.
+macro_rules! activate_fns {
+    ($activate:ident, $add_activate:ident, $t:ty) => {
         #[multiversion(targets(
             "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
             "x86_64+avx2+fma",
             "aarch64+neon"
         ))]
-        fn $name(f: UnaryFn, data: &mut [$t]) {
+        fn $activate(f: UnaryFn, data: &mut [$t]) {
             unary_inplace(f, data)
+        }
+
+        #[multiversion(targets(
+            "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
+            "x86_64+avx2+fma",
+            "aarch64+neon"
+        ))]
+        fn $add_activate(
+            f: Option<UnaryFn>,
+            beta: $t,
+            bias: Option<&[$t]>,
+            residual: Option<&[$t]>,
+            data: &mut [$t],
+        ) {
+            add_activate_inplace(f, beta, bias, residual, data)
         }
     };
 }
 
-activate_fn!(unary_inplace_f32, f32);
-activate_fn!(unary_inplace_f64, f64);
+activate_fns!(unary_inplace_f32, add_activate_f32, f32);
+activate_fns!(unary_inplace_f64, add_activate_f64, f64);
 
-/// A compute type with an ISA-dispatched in-place activation.
+/// A compute type with ISA-dispatched GEMM epilogues.
 pub trait Activate: Arith {
+    /// `data = f(data)`.
     fn activate(f: UnaryFn, data: &mut [Self]);
+    /// `data = f(data + beta·bias + residual)`; `bias` and `residual` (when given) at least as long
+    /// as `data`.
+    fn add_activate(
+        f: Option<UnaryFn>,
+        beta: Self,
+        bias: Option<&[Self]>,
+        residual: Option<&[Self]>,
+        data: &mut [Self],
+    );
 }
 
-impl Activate for f32 {
-    fn activate(f: UnaryFn, data: &mut [f32]) {
-        unary_inplace_f32(f, data)
-    }
+macro_rules! activate_impl {
+    ($t:ty, $activate:ident, $add_activate:ident) => {
+        impl Activate for $t {
+            fn activate(f: UnaryFn, data: &mut [$t]) {
+                $activate(f, data)
+            }
+            fn add_activate(
+                f: Option<UnaryFn>,
+                beta: $t,
+                bias: Option<&[$t]>,
+                residual: Option<&[$t]>,
+                data: &mut [$t],
+            ) {
+                $add_activate(f, beta, bias, residual, data)
+            }
+        }
+    };
 }
 
-impl Activate for f64 {
-    fn activate(f: UnaryFn, data: &mut [f64]) {
-        unary_inplace_f64(f, data)
-    }
-}
+activate_impl!(f32, unary_inplace_f32, add_activate_f32);
+activate_impl!(f64, unary_inplace_f64, add_activate_f64);
 
 #[cfg(test)]
 mod tests {
