@@ -12,6 +12,7 @@
 use std::arch::x86_64::*;
 
 use crate::kernels::lanes::tail_mask16;
+use crate::kernels::prefetch;
 
 use crate::kernels::math::ln_f32;
 
@@ -96,6 +97,7 @@ unsafe fn row_max(x: *const f32, n: usize) -> f32 {
     let mut i = 0;
     while i + 64 <= n {
         for (j, a) in acc.iter_mut().enumerate() {
+            prefetch::read_ahead(x.add(i + 16 * j));
             *a = _mm512_max_ps(_mm512_loadu_ps(x.add(i + 16 * j)), *a);
         }
         i += 64;
@@ -123,6 +125,7 @@ unsafe fn exp_sum(x: *const f32, n: usize, m: f32, out: Option<*mut f32>) -> f32
         for (j, a) in acc.iter_mut().enumerate() {
             let e = exp_nonpos(_mm512_sub_ps(_mm512_loadu_ps(x.add(i + 16 * j)), mv));
             if let Some(o) = out {
+                prefetch::write_ahead(o.add(i + 16 * j));
                 _mm512_storeu_ps(o.add(i + 16 * j), e);
             }
             *a = _mm512_add_ps(*a, e);
