@@ -1,7 +1,7 @@
 //! Times fused attention on the Rust side alone (the engine's own micro-kernels, no host BLAS):
-//! `cargo run --release --no-default-features --example attn_bench -- [b h t d [threads [causal [fused]]]]`
-//! (`fused` 1: q, k and v are views of one `[b, t, 3, h, d]` projection and the output is written
-//! as `[b, t, h, d]`, as in a transformer layer).
+//! `cargo run --release --no-default-features --example attn_bench -- [b h t d [threads [causal [layout]]]]`
+//! (`layout`: a bitmask of the operands laid out as in a transformer layer: 1 q, 2 k, 4 v as views of
+//! one `[b, t, 3, h, d]` projection, 8 the output written as `[b, t, h, d]`; 15 all of them).
 use std::time::Instant;
 use torchburn_native::kernels::attention::{
     sdpa_f32, sdpa_f32_rows, HeadRows, SdpaRows, SdpaShape,
@@ -11,7 +11,6 @@ fn main() {
     let arg = |i: usize, d: usize| std::env::args().nth(i).map_or(d, |s| s.parse().unwrap());
     let (b, h, t, d, threads) = (arg(1, 4), arg(2, 8), arg(3, 128), arg(4, 64), arg(5, 2));
     let causal = arg(6, 0) != 0;
-    let fused = arg(7, 0) != 0;
     torchburn_native::threads::init(threads);
     let s = SdpaShape {
         b,
@@ -37,9 +36,9 @@ fn main() {
         head: d,
         row: 3 * h * d,
     };
-    let fm = arg(7, 0);
+    let layout = arg(7, 0);
     let plain = HeadRows::contiguous(h, t, d);
-    let pick = |bit: usize, r: HeadRows| if fm & bit != 0 { r } else { plain };
+    let pick = |bit: usize, r: HeadRows| if layout & bit != 0 { r } else { plain };
     let rows = SdpaRows {
         q: pick(1, fused_rows),
         k: pick(2, fused_rows),
@@ -59,11 +58,15 @@ fn main() {
     let mut times: Vec<f64> = (0..reps)
         .map(|_| {
             let start = Instant::now();
-            if fused {
+            if layout != 0 {
                 let (qs, ks, vs) = (
-                    if fm & 1 != 0 { &qkv[..] } else { &q[..] },
-                    if fm & 2 != 0 { &qkv[h * d..] } else { &k[..] },
-                    if fm & 4 != 0 {
+                    if layout & 1 != 0 { &qkv[..] } else { &q[..] },
+                    if layout & 2 != 0 {
+                        &qkv[h * d..]
+                    } else {
+                        &k[..]
+                    },
+                    if layout & 4 != 0 {
                         &qkv[2 * h * d..]
                     } else {
                         &v[..]
