@@ -13,27 +13,32 @@ pub const LINE_BYTES: usize = 64;
 /// Prefetches the line `DISTANCE_BYTES` past `p` for reading. Never faults, whatever the address.
 #[inline(always)]
 pub fn read_ahead<T>(p: *const T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is a hint; it never faults, whatever the address
-    unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        _mm_prefetch::<_MM_HINT_T0>((p as *const i8).wrapping_add(DISTANCE_BYTES));
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
+    line_ahead::<false, T>(p)
 }
 
 /// Prefetches the line `DISTANCE_BYTES` past `p` for writing (in exclusive state where the CPU can).
 #[inline(always)]
 pub fn write_ahead<T>(p: *const T) {
+    line_ahead::<true, T>(p)
+}
+
+/// The prefetch instruction itself: x86 only for now (other targets rely on their hardware
+/// prefetchers; nothing was measured there).
+#[inline(always)]
+fn line_ahead<const WRITE: bool, T>(p: *const T) {
+    let at = (p as *const i8).wrapping_add(DISTANCE_BYTES);
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: as `read_ahead`
+    // SAFETY: a prefetch is a hint; it never faults, whatever the address
     unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
-        _mm_prefetch::<_MM_HINT_ET0>((p as *const i8).wrapping_add(DISTANCE_BYTES));
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
+        if WRITE {
+            _mm_prefetch::<_MM_HINT_ET0>(at)
+        } else {
+            _mm_prefetch::<_MM_HINT_T0>(at)
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
+    let _ = at;
 }
 
 /// Elements of `slice`'s type per cache line (at least one).
