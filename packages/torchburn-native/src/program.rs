@@ -740,7 +740,8 @@ unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
         && addends.bias.is_none_or(rows_contiguous)
         && addends.residual.is_none_or(rows_contiguous);
     let has_addends = addends.bias.is_some() || addends.residual.is_some();
-    let accumulate = has_addends && !after_product;
+    // the addends go after the product, in `finish`, or before it, in `fill`
+    let (late_addends, accumulate) = (has_addends && after_product, has_addends && !after_product);
     let one = |bi: usize, parallel: bool| {
         let bi = bi as isize;
         let c_at = |i: usize, j: usize| {
@@ -756,7 +757,7 @@ unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
         let finish = |rows: Range<usize>, cols: Range<usize>| {
             for i in rows {
                 let dst = std::slice::from_raw_parts_mut(c_at(i, cols.start), cols.len());
-                if after_product && has_addends {
+                if late_addends {
                     let bias = addend_row(bias_at, i, &cols);
                     let residual = addend_row(residual_at, i, &cols);
                     T::add_activate(act, beta, bias, residual, dst);
@@ -765,11 +766,12 @@ unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
                 }
             }
         };
-        // C's block starts as `beta · bias + residual` (either may be absent), one pass per row
+        // C's block starts as `beta · bias + residual` (either may be absent), one pass per row. Only
+        // layouts `finish` does not take come here: a strided output or addend, or a bias of one
+        // value per row (column stride 0), the one layout with a fast path
         let fill = |rows: Range<usize>, cols: Range<usize>| {
-            // the bias's column stride: 0 (one value per row), 1 (a contiguous row, as Linear's)
-            let bias_cs = bias_at.map(|(_, bs)| bs[2]);
-            let residual_cs = residual_at.map(|(_, rs)| rs[2]);
+            let per_row_bias = bias_at.is_some_and(|(_, bs)| bs[2] == 0);
+            let rows_dense = os[2] == 1 && residual_at.is_none_or(|(_, rs)| rs[2] == 1);
             let bias_at = |i: usize, j: usize| {
                 bias_at.map(|(p, bs)| {
                     (p as *const T).offset(bi * bs[0] + i as isize * bs[1] + j as isize * bs[2])
@@ -782,34 +784,17 @@ unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
             };
             for i in rows {
                 let (n, j0) = (cols.len(), cols.start);
-                let row = |p: *const T| std::slice::from_raw_parts(p, n);
-                if os[2] == 1
-                    && residual_cs.is_none_or(|c| c == 1)
-                    && bias_cs.is_none_or(|c| c <= 1)
-                {
+                if let (true, true, Some(v)) = (per_row_bias, rows_dense, bias_at(i, j0)) {
                     let dst = std::slice::from_raw_parts_mut(c_at(i, j0), n);
-                    let res = residual_at(i, j0).map(row);
-                    match (bias_at(i, j0), bias_cs == Some(0), res) {
-                        (Some(v), true, None) => dst.fill(beta * *v),
-                        (Some(v), true, Some(r)) => {
-                            let v = beta * *v;
+                    let v = beta * *v;
+                    match residual_at(i, j0) {
+                        None => dst.fill(v),
+                        Some(r) => {
+                            let r = std::slice::from_raw_parts(r, n);
                             for (d, &r) in dst.iter_mut().zip(r) {
                                 *d = v + r;
                             }
                         }
-                        (Some(b), false, None) if beta == T::ONE => dst.copy_from_slice(row(b)),
-                        (Some(b), false, None) => {
-                            for (d, &b) in dst.iter_mut().zip(row(b)) {
-                                *d = beta * b;
-                            }
-                        }
-                        (Some(b), false, Some(r)) => {
-                            for ((d, &b), &r) in dst.iter_mut().zip(row(b)).zip(r) {
-                                *d = beta * b + r;
-                            }
-                        }
-                        (None, _, Some(r)) => dst.copy_from_slice(r),
-                        (None, _, None) => dst.fill(T::ZERO),
                     }
                     continue;
                 }
@@ -821,8 +806,7 @@ unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
         };
         let hooks = BlockHooks {
             before: accumulate.then_some(&fill as BlockFn<'_>),
-            after: (act.is_some() || (has_addends && after_product))
-                .then_some(&finish as BlockFn<'_>),
+            after: (act.is_some() || late_addends).then_some(&finish as BlockFn<'_>),
         };
         gemm_hooked::<T>(
             m,

@@ -1300,15 +1300,13 @@ fn add_activate_inplace<T: Arith>(
         let (lo, n) = (ci * CHUNK, c.len());
         let (t, u) = (&mut t[..n], &mut u[..n]);
         // the running sum lives in `t`; `u` holds beta·bias
-        t.copy_from_slice(c);
-        if let Some(b) = bias {
-            let b = &b[lo..lo + n];
-            if beta == T::from_i64(1) {
-                T::binary(BinaryFn::Add, c, b, t, false);
-            } else {
+        match bias.map(|b| &b[lo..lo + n]) {
+            Some(b) if beta == T::from_i64(1) => T::binary(BinaryFn::Add, c, b, t, false),
+            Some(b) => {
                 T::binary_vs(BinaryFn::Mul, b, beta, u, false);
                 T::binary(BinaryFn::Add, c, u, t, false);
             }
+            None => t.copy_from_slice(c),
         }
         if let Some(r) = residual {
             u.copy_from_slice(t);

@@ -225,7 +225,7 @@ unsafe fn read_run<S: Copy, T: Copy>(
 ) {
     if stride == 1 {
         let src = std::slice::from_raw_parts(p.offset(off), out.len());
-        let line = (prefetch::LINE_BYTES / std::mem::size_of::<S>()).max(1);
+        let line = prefetch::elems_per_line(src);
         let n = out.len();
         let mut i = 0;
         while i + line <= n {
@@ -260,7 +260,7 @@ unsafe fn write_run<S: Copy, T: Copy>(
 ) {
     if stride == 1 {
         let dst = std::slice::from_raw_parts_mut(p.offset(off), src.len());
-        let line = (prefetch::LINE_BYTES / std::mem::size_of::<S>()).max(1);
+        let line = prefetch::elems_per_line(dst);
         let n = src.len();
         let mut i = 0;
         while i + line <= n {
