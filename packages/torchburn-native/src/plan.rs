@@ -127,6 +127,12 @@ pub enum Instr {
         /// `x @ w.t()`), and a panel per thread hands each thread one such block.
         #[serde(default)]
         b_panel: usize,
+        /// B packed by MKL for this product's sizes (`kernels/gemm_packed.rs`), made by the caller
+        /// once per version of B: a 1-D f32 operand of at least `packed_b_bytes(m, n, k)` bytes. The
+        /// product reads it where it can (one f32 product of batch 1, no addends, no activation,
+        /// alpha 1); `b` stays the operand it describes, for the other cases.
+        #[serde(default)]
+        b_packed: Option<Operand>,
     },
     /// Reduce the trailing `input.shape.len() - kept` dims of `input` into the contiguous `out`.
     Reduce {

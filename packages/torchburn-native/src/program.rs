@@ -12,7 +12,9 @@ use std::sync::Mutex;
 
 use crate::kernels::elementwise::{self, UnaryFn, View};
 use crate::kernels::gemm::{gemm_hooked, BlockFn, BlockHooks, GemmScalar, Mat, MatMut};
-use crate::kernels::{attention, conv, conv_shifted, index, norm, pool, reduce, softmax};
+use crate::kernels::{
+    attention, conv, conv_shifted, gemm_packed, index, norm, pool, reduce, softmax,
+};
 use crate::plan::{Buf, DType, Instr, Operand, Plan};
 
 pub struct Program {
@@ -219,6 +221,7 @@ impl Program {
                     bias,
                     residual,
                     b_panel,
+                    b_packed,
                     ..
                 } => {
                     if residual.as_ref().is_some_and(|r| r.shape != out.shape) {
@@ -253,6 +256,23 @@ impl Program {
                             strides: vec![rows as isize * width, width, 1],
                             ..b.clone()
                         })?;
+                    }
+                    if let Some(p) = b_packed {
+                        chk(p)?;
+                        let (m, k, n) = (a.shape[1], a.shape[2], b.shape[2]);
+                        let need = gemm_packed::packed_b_bytes(m, n, k);
+                        if p.dtype != DType::F32
+                            || out.dtype != DType::F32
+                            || p.shape.len() != 1
+                            || !p.is_contiguous()
+                            || need == 0
+                            || p.shape[0] * 4 < need
+                        {
+                            return Err(format!(
+                                "a packed matmul operand is a contiguous 1-D f32 operand of at least \
+                                 {need} bytes, for an f32 product, where MKL's packing is available"
+                            ));
+                        }
                     }
                 }
                 Instr::Reduce {
@@ -842,6 +862,33 @@ unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
     }
 }
 
+/// A plain f32 product of batch 1 from B packed once per version of B (see `kernels/gemm_packed.rs`);
+/// false (nothing done) where MKL's packed routines or the operands' layouts do not allow it.
+///
+/// # Safety
+/// The operands must be valid in `f`, as for every instruction (checked by `validate`).
+unsafe fn matmul_packed_b(f: &Frame<'_>, a: &Operand, packed: &Operand, out: &Operand) -> bool {
+    let (m, k, n) = (a.shape[1], a.shape[2], out.shape[2]);
+    gemm_packed::gemm_packed_b(
+        m,
+        n,
+        k,
+        Mat {
+            ptr: f.ptr(a) as *const f32,
+            rs: a.strides[1],
+            cs: a.strides[2],
+        },
+        f.ptr(packed) as *const f32,
+        MatMut {
+            ptr: f.ptr(out) as *mut f32,
+            rs: out.strides[1],
+            cs: out.strides[2],
+        },
+        false,
+        threads::current(),
+    )
+}
+
 /// Batch norm's per-channel `(scale, shift)` in f64: `scale = weight / sqrt(var + eps)`,
 /// `shift = bias - mean · scale` (weight 1 and bias 0 when absent), as PyTorch's eval kernel folds them.
 ///
@@ -912,7 +959,19 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
             beta,
             act,
             b_panel,
+            b_packed,
         } => {
+            if let Some(packed) = b_packed {
+                if bias.is_none()
+                    && residual.is_none()
+                    && act.is_none()
+                    && *alpha == 1.0
+                    && out.shape[0] == 1
+                    && matmul_packed_b(f, a, packed, out)
+                {
+                    return Ok(());
+                }
+            }
             if act.is_some() && !out.is_contiguous() {
                 return Err("matmul epilogue needs a contiguous output".into());
             }

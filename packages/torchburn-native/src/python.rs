@@ -499,6 +499,63 @@ fn share_host_blas(sgemm: usize, dgemm: usize, set_local_threads: usize) -> PyRe
     Ok(())
 }
 
+/// Lets f32 products read B packed once per version of B; the addresses of MKL's
+/// `cblas_sgemm_pack_get_size`, `cblas_sgemm_pack` and `cblas_sgemm_compute` (any 0: not available).
+#[pyfunction]
+fn share_host_packing(get_size: usize, pack: usize, compute: usize) {
+    // SAFETY: the Python side resolves these symbols in PyTorch's own MKL, mapped for good
+    unsafe { crate::kernels::gemm_packed::share_host_packing(get_size, pack, compute) };
+}
+
+/// Bytes of a `k × n` f32 B packed for products with `m` rows of A (0: packing unavailable).
+#[pyfunction]
+fn packed_b_bytes(m: usize, n: usize, k: usize) -> usize {
+    crate::kernels::gemm_packed::packed_b_bytes(m, n, k)
+}
+
+/// Packs the f32 `k × n` matrix at `src` (element `(r, c)` at `src + (r·rs + c·cs)` elements) for
+/// products with `m` rows of A into the `dest_bytes` bytes at `dest`.
+///
+/// Raw addresses, as `Program.run` takes them: the caller passes live CPU tensors' data pointers.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn pack_gemm_b(
+    py: Python<'_>,
+    m: usize,
+    n: usize,
+    k: usize,
+    src: usize,
+    rs: isize,
+    cs: isize,
+    dest: usize,
+    dest_bytes: usize,
+) -> PyResult<()> {
+    if src == 0 || dest == 0 || !dest.is_multiple_of(std::mem::align_of::<f32>()) {
+        return Err(PyValueError::new_err(
+            "pack_gemm_b needs non-null source and destination, the destination aligned for f32",
+        ));
+    }
+    // SAFETY: the caller passes tensors valid for these extents (see above); MKL only reads the
+    // source and writes at most `dest_bytes`, which `pack_b` checks against the packed size
+    let packed = py.detach(|| unsafe {
+        let b = crate::kernels::gemm::Mat {
+            ptr: src as *const f32,
+            rs,
+            cs,
+        };
+        crate::kernels::gemm_packed::pack_b(m, n, k, b, dest as *mut f32, dest_bytes)
+    });
+    if !packed {
+        return Err(PyValueError::new_err(format!(
+            "cannot pack a {k}x{n} f32 matrix with strides ({rs}, {cs}) for {m} rows into {dest_bytes} \
+             bytes: MKL's packing must be available, one stride must be 1 and the destination must \
+             hold packed_b_bytes(m, n, k) = {} bytes",
+            crate::kernels::gemm_packed::packed_b_bytes(m, n, k)
+        )));
+    }
+    Ok(())
+}
+
 /// Which library computes GEMM block products: "mkl" or "gemm-crate".
 #[pyfunction]
 fn gemm_backend() -> &'static str {
@@ -595,6 +652,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(thread_pool, m)?)?;
     m.add_function(wrap_pyfunction!(share_host_blas, m)?)?;
     m.add_function(wrap_pyfunction!(gemm_backend, m)?)?;
+    m.add_function(wrap_pyfunction!(share_host_packing, m)?)?;
+    m.add_function(wrap_pyfunction!(packed_b_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(pack_gemm_b, m)?)?;
     m.add_function(wrap_pyfunction!(isa, m)?)?;
     m.add_function(wrap_pyfunction!(debug_last_call, m)?)?;
     m.add_function(wrap_pyfunction!(debug_stats, m)?)?;

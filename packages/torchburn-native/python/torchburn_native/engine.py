@@ -52,6 +52,7 @@ def ensure_threads() -> int:
             mkl = torch_mkl()
             if mkl is not None:
                 _native.share_host_blas(mkl.sgemm, mkl.dgemm, mkl.set_local_threads)
+                _native.share_host_packing(mkl.sgemm_pack_get_size, mkl.sgemm_pack, mkl.sgemm_compute)
         _threads_ready = True
     return int(_native.num_threads())
 

@@ -31,6 +31,10 @@ class HostBlas:
     sgemm: int
     dgemm: int
     set_local_threads: int
+    # f32 products from a B packed once per version of B (0 where this MKL lacks them)
+    sgemm_pack_get_size: int = 0
+    sgemm_pack: int = 0
+    sgemm_compute: int = 0
 
 
 def torch_mkl() -> HostBlas | None:
@@ -38,7 +42,19 @@ def torch_mkl() -> HostBlas | None:
     if not sys.platform.startswith("linux") or not torch.backends.mkl.is_available():  # type: ignore[no-untyped-call]
         return None
     for lib in loaded_libraries("libtorch_cpu"):
-        found = HostBlas(*(symbol_address(lib, s) for s in ("sgemm_", "dgemm_", "MKL_Set_Num_Threads_Local")))
+        found = HostBlas(
+            *(
+                symbol_address(lib, s)
+                for s in (
+                    "sgemm_",
+                    "dgemm_",
+                    "MKL_Set_Num_Threads_Local",
+                    "cblas_sgemm_pack_get_size",
+                    "cblas_sgemm_pack",
+                    "cblas_sgemm_compute",
+                )
+            )
+        )
         # without the thread-local setting MKL would start its own team inside each of ours
         if found.sgemm and found.set_local_threads:
             return found

@@ -72,9 +72,15 @@ class DerivedInput:
     # 0: one row-major copy; P > 0 (2-D only): panels of P columns, each a contiguous row-major
     # ``rows × P`` block, the last zero-padded (the ``b_panel`` layout of a matmul instruction)
     panel: int = 0
+    # M > 0 (2-D f32 only): the ``k × n`` view packed by MKL for products with M rows of A, in
+    # ``packed_bytes`` bytes (the ``b_packed`` operand of a matmul instruction); ``panel`` is then 0
+    packed_rows: int = 0
+    packed_bytes: int = 0
 
     @property
     def numel(self) -> int:
+        if self.packed_rows:
+            return -(-self.packed_bytes // 4)
         if self.panel:
             rows, cols = self.shape
             return -(-cols // self.panel) * rows * self.panel
@@ -153,6 +159,9 @@ class Planner:
         self.in_bytes: list[int] = []
         self.constants: list[torch.Tensor] = []
         self.derived: list[DerivedInput] = []
+        # run once every node and output is lowered, before the memory plan: choices that depend on
+        # what fused into an instruction later (see ``at_finish``)
+        self.finishers: list[Callable[[], None]] = []
 
     # ---- buffers -------------------------------------------------------------------------------
     def new_value(self, shape: Sequence[int], dtype: torch.dtype) -> Value:
@@ -323,6 +332,25 @@ class Planner:
         self.env[node] = Value(buf, t.dtype, tuple(t.shape), tuple(t.stride()), 0)
         self.meta_env[node] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
+    def at_finish(self, step: Callable[[], None]) -> None:
+        """Runs ``step`` once the whole region is lowered (every fusion into earlier instructions
+        done) and before buffers are placed; it may add derived inputs."""
+        self.finishers.append(step)
+
+    def packed_copy(self, v: Value, rows: int, nbytes: int) -> dict[str, Any]:
+        """The operand of a copy of the 2-D f32 region input ``v`` (``k × n``) that the caller packs
+        with MKL for products with ``rows`` rows of A, once per version of that tensor (see
+        ``kernels/gemm_packed.rs``): ``nbytes`` bytes, read as a flat f32 operand."""
+        spec = DerivedInput(v.buffer.index, v.shape, v.strides, v.offset, 0, rows, nbytes)
+        if spec in self.derived:
+            index = len(self.in_bytes) - len(self.derived) + self.derived.index(spec)
+        else:
+            index = len(self.in_bytes)
+            self.in_bytes.append(spec.numel * 4)
+            self.derived.append(spec)
+        copy = Value(Buffer("in", index, spec.numel * 4), torch.float32, (spec.numel,), (1,))
+        return copy.operand()
+
     def row_major_copy(self, v: Value, panel: int = 0) -> Value:
         """A row-major copy of the region input that ``v`` views, made by the caller once per version of
         that tensor (a Linear weight read as ``w.t()`` is column-major: a GEMM would repack it every call).
@@ -399,6 +427,8 @@ class Planner:
                     contiguous_strides(v.shape),
                 )
                 self.materialize(self.lazy(v, domain_of(v.dtype)), into=dest)
+        for finish in self.finishers:
+            finish()
         arena = self._place_tmp_buffers()
         plan = {
             "n_inputs": len(self.in_bytes),

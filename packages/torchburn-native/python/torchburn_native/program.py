@@ -194,6 +194,12 @@ def _version(t: torch.Tensor) -> int | None:
 def _row_major(src: torch.Tensor, spec: DerivedInput) -> torch.Tensor:
     with torch.no_grad():
         view = torch.as_strided(src, spec.shape, spec.strides, src.storage_offset() + spec.offset)
+        if spec.packed_rows:
+            k, n = spec.shape
+            packed = torch.empty(spec.numel, dtype=torch.float32)
+            rs, cs = view.stride()
+            _native.pack_gemm_b(spec.packed_rows, n, k, view.data_ptr(), rs, cs, packed.data_ptr(), spec.packed_bytes)
+            return packed
         if not spec.panel:
             return view.contiguous()
         rows, cols = spec.shape

@@ -100,7 +100,7 @@ type FortranGemm<T> = unsafe extern "C" fn(
 
 /// MKL's C-interface `MKL_Set_Num_Threads_Local(n) -> previous` (the lowercase symbol is the Fortran
 /// one, taking a pointer); 0 restores the global setting.
-type SetLocalThreads = unsafe extern "C" fn(c_int) -> c_int;
+pub(crate) type SetLocalThreads = unsafe extern "C" fn(c_int) -> c_int;
 
 /// Runs later GEMMs' block products on the host BLAS; a zero address leaves that type on the crate.
 ///
@@ -111,6 +111,11 @@ pub unsafe fn share_host_blas(sgemm: usize, dgemm: usize, set_local_threads: usi
     HOST_SET_LOCAL_THREADS.store(set_local_threads, Relaxed);
     HOST_SGEMM.store(sgemm, Relaxed);
     HOST_DGEMM.store(dgemm, Relaxed);
+}
+
+/// The address of MKL's `MKL_Set_Num_Threads_Local` (0: none shared).
+pub(crate) fn host_set_local_threads() -> usize {
+    HOST_SET_LOCAL_THREADS.load(Relaxed)
 }
 
 /// Whether products of `T` run on the host BLAS.

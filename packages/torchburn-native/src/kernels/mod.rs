@@ -7,6 +7,7 @@ pub mod elementwise;
 #[cfg(target_arch = "x86_64")]
 pub mod gelu_x86;
 pub mod gemm;
+pub mod gemm_packed;
 pub mod index;
 pub mod lanes;
 pub mod math;

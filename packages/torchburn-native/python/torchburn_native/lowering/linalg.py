@@ -42,6 +42,10 @@ def _as_gemm_input(p: Planner, x: Tensorish, dtype: torch.dtype) -> Value:
 ROW_MAJOR_COPY_MIN = 1 << 14
 # kernels/gemm.rs's PARALLEL_MIN_FLOPS: smaller products run on one thread
 PARALLEL_MIN_FLOPS = 96 * 96 * 96
+# kernels/gemm.rs's HOST_THREADED_MIN_FLOPS: from here a plain product runs on MKL's own threading,
+# and reading B packed once per version saves it the packing (1024³: 5%); smaller products are split
+# across the engine's threads instead, which this path does not serve
+PACKED_B_MIN_FLOPS = 1 << 28
 
 
 def _weight_layout(p: Planner, v: Value, rows: int) -> tuple[Value, int]:
@@ -133,6 +137,34 @@ def fuse_residual(p: Planner, x: Value, r: Value) -> bool:
     return True
 
 
+def _read_b_packed(p: Planner, instr: dict[str, Any], b: Value, rows: int) -> None:
+    """Lets a plain f32 product read its B packed by MKL, once per version of B, where B is a 2-D
+    region input and the product is large: the packing a plain call does every time is then done once
+    (``kernels/gemm_packed.rs``). Decided once the region is lowered, because a bias, a residual or an
+    activation fused in later makes the product one the packed routine cannot run."""
+    from .. import _native
+
+    if (
+        instr["bias"] is not None
+        or instr["residual"] is not None
+        or instr["act"] is not None
+        or instr["alpha"] != 1.0
+        or instr["b_panel"]
+        or b.dtype != torch.float32
+        or b.buffer.kind != "in"
+        or b.buffer.index >= len(p.in_bytes) - len(p.derived)
+        or b.rank != 2
+        or instr["out"]["shape"][0] != 1
+    ):
+        return
+    k, n = b.shape
+    if rows * n * k < PACKED_B_MIN_FLOPS:
+        return
+    nbytes = _native.packed_b_bytes(rows, n, k)
+    if nbytes:
+        instr["b_packed"] = p.packed_copy(b, rows, nbytes)
+
+
 def matmul(
     p: Planner,
     a: Tensorish,
@@ -145,7 +177,8 @@ def matmul(
     out_dtype: torch.dtype = meta.dtype
     dtype = _gemm_dtype(out_dtype)
     av = _as_gemm_input(p, a, dtype)
-    bv, b_panel = _weight_layout(p, _as_gemm_input(p, b, dtype), av.shape[-2])
+    b_value = _as_gemm_input(p, b, dtype)
+    bv, b_panel = _weight_layout(p, b_value, av.shape[-2])
     out = p.new_value(tuple(meta.shape), dtype)
     instr: dict[str, Any] = {
         "kind": "matmul",
@@ -168,6 +201,8 @@ def matmul(
         )
         reads.append(biasv)
     p.emit(instr, reads, [out])
+    if bv is b_value:
+        p.at_finish(lambda: _read_b_packed(p, instr, b_value, av.shape[-2]))
     if out_dtype != dtype:
         return Lazy("unary", ("identity", p.lazy(out, "f32")), out_dtype, out.shape, "f32")
     return out

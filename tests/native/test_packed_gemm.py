@@ -1,0 +1,137 @@
+"""Large plain f32 products read B packed by MKL once per version of B (``kernels/gemm_packed.rs``).
+
+The packed copy is remade whenever B is another tensor, has new storage or was changed in place; a
+product that a bias, residual or activation fused into keeps the plain path. Where PyTorch has no MKL
+(or ``TORCHBURN_BLAS=own``) nothing is packed and the same values come out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+Compile = Callable[..., Callable[..., Any]]
+Ran = Callable[..., None]
+
+
+def _packed_copies(region: Any) -> list[torch.Tensor]:
+    """The packed copies the region holds now, in derived-input order."""
+    found = []
+    for plan_key, entries in region._derived.items():
+        planned = next(p for _, p in region._plans.values() if id(p) == plan_key)
+        for spec, entry in zip(planned.derived, entries, strict=True):
+            if spec.packed_rows and entry is not None:
+                found.append(entry.copy)
+    return found
+
+
+def _expect_packing() -> bool:
+    import torchburn_native
+    from torchburn_native import _native
+
+    return torchburn_native.gemm_backend() == "mkl" and _native.packed_b_bytes(1, 1, 1) > 0
+
+
+def _close(got: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    # against f64: the packed and the plain product sum in different orders, both f32-accurate
+    want = (a.double() @ b.double()).float()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-3)
+
+
+def test_a_large_product_reads_b_packed_and_sees_every_change_of_b(
+    engine_name: str, compile_engine: Compile, assert_engine_ran: Ran
+) -> None:
+    if engine_name == "reference":
+        pytest.skip("native-only API")
+    from torchburn_native.program import recent_regions
+
+    torch.manual_seed(0)
+    a = torch.randn(512, 1024)  # 512·1024·1024 = 2^29 multiply-adds: large enough to pack
+    b = torch.randn(1024, 768)
+    fast = compile_engine(lambda a, b: a @ b)
+    _close(fast(a, b), a, b)
+    region = recent_regions()[-1]
+    copies = _packed_copies(region)
+    assert len(copies) == (1 if _expect_packing() else 0)
+
+    _close(fast(a, b), a, b)
+    assert all(x is y for x, y in zip(copies, _packed_copies(region), strict=True)), "an unchanged B was repacked"
+
+    b.mul_(-0.5)  # in place: the version counter moves
+    _close(fast(a, b), a, b)
+    b.data = torch.randn(1024, 768)  # new storage, same tensor object
+    _close(fast(a, b), a, b)
+    b = torch.randn(1024, 768)  # another tensor altogether
+    _close(fast(a, b), a, b)
+    a = torch.randn(512, 1024)  # A is read as it lies on every call
+    _close(fast(a, b), a, b)
+    assert_engine_ran()
+
+
+def _operands(layout: str) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(A, B, whether B is packed) for each layout."""
+    if layout == "transposed-a":
+        return torch.randn(1024, 600).t(), torch.randn(1024, 640), True
+    if layout == "row-strided-b":  # a row stride wider than the rows
+        return torch.randn(600, 1024), torch.randn(1024, 700)[:, 3:643], True
+    if layout == "transposed-b":  # small enough to pack from its column-major layout
+        return torch.randn(32768, 128), torch.randn(64, 128).t(), True
+    # a large column-major B is read from its row-major copy instead (see test_weights.py)
+    return torch.randn(600, 1024), torch.randn(640, 1024).t(), False
+
+
+@pytest.mark.parametrize("layout", ["transposed-a", "row-strided-b", "transposed-b", "large-transposed-b"])
+def test_packed_b_from_strided_operands(
+    engine_name: str, compile_engine: Compile, assert_engine_ran: Ran, layout: str
+) -> None:
+    if engine_name == "reference":
+        pytest.skip("native-only API")
+    from torchburn_native.program import recent_regions
+
+    torch.manual_seed(1)
+    a, b, packed = _operands(layout)
+    fast = compile_engine(lambda a, b: a @ b)
+    _close(fast(a, b), a, b)
+    assert len(_packed_copies(recent_regions()[-1])) == (1 if packed and _expect_packing() else 0)
+    assert_engine_ran()
+
+
+def test_a_product_with_a_fused_epilogue_is_not_packed(
+    engine_name: str, compile_engine: Compile, assert_engine_ran: Ran
+) -> None:
+    """A bias, a residual or an activation fused into the product keeps it on the plain path."""
+    if engine_name == "reference":
+        pytest.skip("native-only API")
+    from torchburn_native.program import recent_regions
+
+    torch.manual_seed(2)
+    a, a2, b = torch.randn(512, 1024), torch.randn(512, 1024), torch.randn(1024, 768)
+    bias, res = torch.randn(768), torch.randn(512, 768)
+    fast = compile_engine(lambda a, a2, b, bias, res: (torch.relu(torch.addmm(bias, a, b)), a2 @ b + res))
+    got_act, got_res = fast(a, a2, b, bias, res)
+    want_act = torch.relu(a.double() @ b.double() + bias.double()).float()
+    torch.testing.assert_close(got_act, want_act, rtol=1e-4, atol=2e-3)
+    torch.testing.assert_close(got_res, (a2.double() @ b.double() + res.double()).float(), rtol=1e-4, atol=2e-3)
+    assert _packed_copies(recent_regions()[-1]) == []
+    assert_engine_ran()
+
+
+def test_small_and_f64_products_are_not_packed(
+    engine_name: str, compile_engine: Compile, assert_engine_ran: Ran
+) -> None:
+    if engine_name == "reference":
+        pytest.skip("native-only API")
+    from torchburn_native.program import recent_regions
+
+    torch.manual_seed(3)
+    for a, b in [
+        (torch.randn(256, 256), torch.randn(256, 256)),  # 2^24 multiply-adds: split across threads
+        (torch.randn(512, 1024, dtype=torch.float64), torch.randn(1024, 768, dtype=torch.float64)),
+    ]:
+        fast = compile_engine(lambda a, b: a @ b)
+        torch.testing.assert_close(fast(a, b), a @ b, rtol=1e-5, atol=1e-4)
+        assert _packed_copies(recent_regions()[-1]) == []
+    assert_engine_ran()
