@@ -15,6 +15,17 @@ import torch
 
 Compile = Callable[..., Callable[..., Any]]
 Ran = Callable[..., None]
+Regions = Callable[[], list[Any]]
+
+
+@pytest.fixture
+def recent_regions(engine_name: str) -> Regions:
+    """The native engine's regions compiled most recently (native-only API)."""
+    if engine_name == "reference":
+        pytest.skip("native-only API")
+    from torchburn_native.program import recent_regions as regions
+
+    return regions
 
 
 def _packed_copies(region: Any) -> list[torch.Tensor]:
@@ -42,12 +53,8 @@ def _close(got: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 def test_a_large_product_reads_b_packed_and_sees_every_change_of_b(
-    engine_name: str, compile_engine: Compile, assert_engine_ran: Ran
+    recent_regions: Regions, compile_engine: Compile, assert_engine_ran: Ran
 ) -> None:
-    if engine_name == "reference":
-        pytest.skip("native-only API")
-    from torchburn_native.program import recent_regions
-
     torch.manual_seed(0)
     a = torch.randn(512, 1024)  # 512·1024·1024 = 2^29 multiply-adds: large enough to pack
     b = torch.randn(1024, 768)
@@ -85,12 +92,8 @@ def _operands(layout: str) -> tuple[torch.Tensor, torch.Tensor, bool]:
 
 @pytest.mark.parametrize("layout", ["transposed-a", "row-strided-b", "transposed-b", "large-transposed-b"])
 def test_packed_b_from_strided_operands(
-    engine_name: str, compile_engine: Compile, assert_engine_ran: Ran, layout: str
+    recent_regions: Regions, compile_engine: Compile, assert_engine_ran: Ran, layout: str
 ) -> None:
-    if engine_name == "reference":
-        pytest.skip("native-only API")
-    from torchburn_native.program import recent_regions
-
     torch.manual_seed(1)
     a, b, packed = _operands(layout)
     fast = compile_engine(lambda a, b: a @ b)
@@ -100,13 +103,9 @@ def test_packed_b_from_strided_operands(
 
 
 def test_a_product_with_a_fused_epilogue_is_not_packed(
-    engine_name: str, compile_engine: Compile, assert_engine_ran: Ran
+    recent_regions: Regions, compile_engine: Compile, assert_engine_ran: Ran
 ) -> None:
     """A bias, a residual or an activation fused into the product keeps it on the plain path."""
-    if engine_name == "reference":
-        pytest.skip("native-only API")
-    from torchburn_native.program import recent_regions
-
     torch.manual_seed(2)
     a, a2, b = torch.randn(512, 1024), torch.randn(512, 1024), torch.randn(1024, 768)
     bias, res = torch.randn(768), torch.randn(512, 768)
@@ -120,12 +119,8 @@ def test_a_product_with_a_fused_epilogue_is_not_packed(
 
 
 def test_small_and_f64_products_are_not_packed(
-    engine_name: str, compile_engine: Compile, assert_engine_ran: Ran
+    recent_regions: Regions, compile_engine: Compile, assert_engine_ran: Ran
 ) -> None:
-    if engine_name == "reference":
-        pytest.skip("native-only API")
-    from torchburn_native.program import recent_regions
-
     torch.manual_seed(3)
     for a, b in [
         (torch.randn(256, 256), torch.randn(256, 256)),  # 2^24 multiply-adds: split across threads
