@@ -154,8 +154,9 @@ class CompiledRegion:
         return outs
 
     def _derived_copies(self, planned: PlannedProgram, sources: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The row-major copies the plan reads, remade only when their source changed: another tensor,
-        new storage (``.data =``), or an in-place update (its version counter moved)."""
+        """The copies the plan reads (row-major, paneled or MKL-packed GEMM operands), remade only when
+        their source changed: another tensor, new storage (``.data =``), or an in-place update (its
+        version counter moved)."""
         cache = self._derived.setdefault(id(planned), [None] * len(planned.derived))
         copies = []
         for i, spec in enumerate(planned.derived):
@@ -169,7 +170,7 @@ class CompiledRegion:
                 or entry.data_ptr != src.data_ptr()
                 or entry.version != version
             ):
-                entry = _DerivedEntry(weakref.ref(src), src.data_ptr(), version, _row_major(src, spec))
+                entry = _DerivedEntry(weakref.ref(src), src.data_ptr(), version, _make_copy(src, spec))
                 cache[i] = entry
             copies.append(entry.copy)
         return copies
@@ -191,7 +192,8 @@ def _version(t: torch.Tensor) -> int | None:
         return None
 
 
-def _row_major(src: torch.Tensor, spec: DerivedInput) -> torch.Tensor:
+def _make_copy(src: torch.Tensor, spec: DerivedInput) -> torch.Tensor:
+    """The copy ``spec`` describes of the view of ``src`` it names."""
     with torch.no_grad():
         view = torch.as_strided(src, spec.shape, spec.strides, src.storage_offset() + spec.offset)
         if spec.packed_rows:
