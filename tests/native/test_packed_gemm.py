@@ -7,6 +7,7 @@ product that a bias, residual or activation fused into keeps the plain path. Whe
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -129,4 +130,35 @@ def test_small_and_f64_products_are_not_packed(
         fast = compile_engine(lambda a, b: a @ b)
         torch.testing.assert_close(fast(a, b), a @ b, rtol=1e-5, atol=1e-4)
         assert _packed_copies(recent_regions()[-1]) == []
+    assert_engine_ran()
+
+
+def test_threads_sharing_one_compiled_product_while_b_changes(
+    recent_regions: Regions, compile_engine: Compile, assert_engine_ran: Ran
+) -> None:
+    """Four threads call one compiled product, each alternating its own B with a shared one, so the
+    packed copy is replaced while other threads run on the one before."""
+    torch.manual_seed(4)
+    a_s = [torch.randn(512, 1024) for _ in range(4)]
+    b_s = [torch.randn(1024, 768) for _ in range(4)]
+    shared = torch.randn(1024, 768)
+    want = {(i, j): (a.double() @ b.double()).float() for i, a in enumerate(a_s) for j, b in ((0, b_s[i]), (1, shared))}
+    fast = compile_engine(lambda a, b: a @ b)
+    fast(a_s[0], shared)
+    assert len(_packed_copies(recent_regions()[-1])) == (1 if _expect_packing() else 0)
+    failures: list[str] = []
+
+    def work(i: int) -> None:
+        for r in range(6):
+            b = shared if r % 2 else b_s[i]
+            got = fast(a_s[i], b)
+            if not torch.allclose(got, want[i, r % 2], rtol=1e-4, atol=2e-3):
+                failures.append(f"thread {i}, call {r}: max error {(got - want[i, r % 2]).abs().max().item()}")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
     assert_engine_ran()
