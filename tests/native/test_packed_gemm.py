@@ -1,18 +1,20 @@
-"""Large plain f32 products read B packed by MKL once per version of B (``kernels/gemm_packed.rs``).
+"""f32 products of at least 2^26 multiply-adds read B packed by MKL once per version of B, when B is
+a region input (``kernels/gemm_packed.rs``), their bias, residual and activation included.
 
-The packed copy is remade whenever B is another tensor, has new storage or was changed in place; a
-product that a bias, residual or activation fused into keeps the plain path. Where PyTorch has no MKL
-(or ``TORCHBURN_BLAS=own``) nothing is packed and the same values come out.
+The packed copy is remade whenever B is another tensor, has new storage or was changed in place.
+Where PyTorch has no MKL (or ``TORCHBURN_BLAS=own``) nothing is packed and the same values come out.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 Compile = Callable[..., Callable[..., Any]]
 Ran = Callable[..., None]
@@ -85,10 +87,10 @@ def _operands(layout: str) -> tuple[torch.Tensor, torch.Tensor, bool]:
         return torch.randn(1024, 600).t(), torch.randn(1024, 640), True
     if layout == "row-strided-b":  # a row stride wider than the rows
         return torch.randn(600, 1024), torch.randn(1024, 700)[:, 3:643], True
-    if layout == "transposed-b":  # small enough to pack from its column-major layout
+    if layout == "transposed-b":  # a column-major B with few columns
         return torch.randn(32768, 128), torch.randn(64, 128).t(), True
-    # a large column-major B is read from its row-major copy instead (see test_weights.py)
-    return torch.randn(600, 1024), torch.randn(640, 1024).t(), False
+    # a Linear's weight as it reads it (``w.t()``): packed from the column-major layout
+    return torch.randn(600, 1024), torch.randn(640, 1024).t(), True
 
 
 @pytest.mark.parametrize("layout", ["transposed-a", "row-strided-b", "transposed-b", "large-transposed-b"])
@@ -103,10 +105,10 @@ def test_packed_b_from_strided_operands(
     assert_engine_ran()
 
 
-def test_a_product_with_a_fused_epilogue_is_not_packed(
+def test_fused_bias_residual_and_activation_run_around_a_packed_product(
     recent_regions: Regions, compile_engine: Compile, assert_engine_ran: Ran
 ) -> None:
-    """A bias, a residual or an activation fused into the product keeps it on the plain path."""
+    """A bias with an activation, and a residual, fused into products that read one packed B."""
     torch.manual_seed(2)
     a, a2, b = torch.randn(512, 1024), torch.randn(512, 1024), torch.randn(1024, 768)
     bias, res = torch.randn(768), torch.randn(512, 768)
@@ -115,7 +117,41 @@ def test_a_product_with_a_fused_epilogue_is_not_packed(
     want_act = torch.relu(a.double() @ b.double() + bias.double()).float()
     torch.testing.assert_close(got_act, want_act, rtol=1e-4, atol=2e-3)
     torch.testing.assert_close(got_res, (a2.double() @ b.double() + res.double()).float(), rtol=1e-4, atol=2e-3)
-    assert _packed_copies(recent_regions()[-1]) == []
+    region = recent_regions()[-1]
+    plan = json.loads(next(iter(region._plans.values()))[1].plan_json)
+    fused = [
+        (i["bias"] is not None, i["residual"] is not None, i["act"]) for i in plan["instrs"] if i["kind"] == "matmul"
+    ]
+    assert sorted(fused, key=str) == sorted([(True, False, "relu"), (False, True, None)], key=str)
+    # one copy: both products have 512 rows of A, so they read the same packed B
+    assert len(_packed_copies(region)) == (1 if _expect_packing() else 0)
+    assert_engine_ran()
+
+
+def test_a_linear_layer_reads_its_weight_packed_and_sees_weight_changes(
+    recent_regions: Regions, compile_engine: Compile, assert_engine_ran: Ran
+) -> None:
+    """``nn.Linear`` + ReLU at 128x512 -> 1024 (2^26 multiply-adds): its weight, read as ``w.t()``, is
+    packed; changing the weight in place, through ``.data`` or by a new Parameter is seen."""
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU()).eval()
+    x = torch.randn(128, 512)
+    fast = compile_engine(model)
+
+    def check() -> None:
+        with torch.no_grad():
+            want = torch.relu(x.double() @ model[0].weight.double().t() + model[0].bias.double()).float()
+            torch.testing.assert_close(fast(x), want, rtol=1e-4, atol=1e-3)
+
+    check()
+    assert len(_packed_copies(recent_regions()[-1])) == (1 if _expect_packing() else 0)
+    with torch.no_grad():
+        model[0].weight.mul_(-2.0)
+    check()
+    model[0].weight.data = torch.randn(1024, 512)
+    check()
+    model[0].weight = nn.Parameter(torch.randn(1024, 512))
+    check()
     assert_engine_ran()
 
 
@@ -125,6 +161,7 @@ def test_small_and_f64_products_are_not_packed(
     torch.manual_seed(3)
     for a, b in [
         (torch.randn(256, 256), torch.randn(256, 256)),  # 2^24 multiply-adds: split across threads
+        (torch.randn(32, 512), torch.randn(512, 1024)),  # 2^24, a Linear at batch 32
         (torch.randn(512, 1024, dtype=torch.float64), torch.randn(1024, 768, dtype=torch.float64)),
     ]:
         fast = compile_engine(lambda a, b: a @ b)

@@ -742,8 +742,7 @@ struct Addends<'a> {
 unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
     f: &Frame<'_>,
     a: &Operand,
-    b: &Operand,
-    b_panel: usize,
+    (b, b_panel, b_packed): (&Operand, usize, Option<&Operand>),
     out: &Operand,
     addends: Addends<'_>,
     alpha: T,
@@ -752,6 +751,7 @@ unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
 ) {
     let (batch, m, k, n) = (out.shape[0], a.shape[1], a.shape[2], out.shape[2]);
     let (pa, pb, pc) = (f.ptr(a) as usize, f.ptr(b) as usize, f.ptr(out) as usize);
+    let packed_at = b_packed.map(|p| f.ptr(p) as usize);
     let os = &out.strides;
     let bias_at = addends.bias.map(|o| (f.ptr(o) as usize, &o.strides));
     let residual_at = addends.residual.map(|o| (f.ptr(o) as usize, &o.strides));
@@ -828,30 +828,30 @@ unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
             before: accumulate.then_some(&fill as BlockFn<'_>),
             after: (act.is_some() || late_addends).then_some(&finish as BlockFn<'_>),
         };
+        let a_mat = Mat {
+            ptr: (pa as *const T).offset(bi * a.strides[0]),
+            rs: a.strides[1],
+            cs: a.strides[2],
+        };
+        let c_mat = MatMut {
+            ptr: c_at(0, 0),
+            rs: os[1],
+            cs: os[2],
+        };
+        // a packed B is only ever given for a batch of one
+        if let Some(packed) = packed_at {
+            let packed = packed as *const T;
+            if T::gemm_packed_b(m, n, k, a_mat, packed, c_mat, accumulate, hooks) {
+                return;
+            }
+        }
+        let b_mat = Mat {
+            ptr: (pb as *const T).offset(bi * b.strides[0]),
+            rs: b.strides[1],
+            cs: b.strides[2],
+        };
         gemm_hooked::<T>(
-            m,
-            n,
-            k,
-            Mat {
-                ptr: (pa as *const T).offset(bi * a.strides[0]),
-                rs: a.strides[1],
-                cs: a.strides[2],
-            },
-            Mat {
-                ptr: (pb as *const T).offset(bi * b.strides[0]),
-                rs: b.strides[1],
-                cs: b.strides[2],
-            },
-            MatMut {
-                ptr: c_at(0, 0),
-                rs: os[1],
-                cs: os[2],
-            },
-            accumulate,
-            alpha,
-            parallel,
-            b_panel,
-            hooks,
+            m, n, k, a_mat, b_mat, c_mat, accumulate, alpha, parallel, b_panel, hooks,
         )
     };
     // many small products: one per thread; few large ones: let gemm split each
@@ -860,33 +860,6 @@ unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
     } else {
         (0..batch).for_each(|bi| one(bi, true));
     }
-}
-
-/// A plain f32 product of batch 1 from B packed once per version of B (see `kernels/gemm_packed.rs`);
-/// false (nothing done) where MKL's packed routines or the operands' layouts do not allow it.
-///
-/// # Safety
-/// The operands must be valid in `f`, as for every instruction (checked by `validate`).
-unsafe fn matmul_packed_b(f: &Frame<'_>, a: &Operand, packed: &Operand, out: &Operand) -> bool {
-    let (m, k, n) = (a.shape[1], a.shape[2], out.shape[2]);
-    gemm_packed::gemm_packed_b(
-        m,
-        n,
-        k,
-        Mat {
-            ptr: f.ptr(a) as *const f32,
-            rs: a.strides[1],
-            cs: a.strides[2],
-        },
-        f.ptr(packed) as *const f32,
-        MatMut {
-            ptr: f.ptr(out) as *mut f32,
-            rs: out.strides[1],
-            cs: out.strides[2],
-        },
-        false,
-        threads::current(),
-    )
 }
 
 /// Batch norm's per-channel `(scale, shift)` in f64: `scale = weight / sqrt(var + eps)`,
@@ -961,17 +934,6 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
             b_panel,
             b_packed,
         } => {
-            if let Some(packed) = b_packed {
-                if bias.is_none()
-                    && residual.is_none()
-                    && act.is_none()
-                    && *alpha == 1.0
-                    && out.shape[0] == 1
-                    && matmul_packed_b(f, a, packed, out)
-                {
-                    return Ok(());
-                }
-            }
             if act.is_some() && !out.is_contiguous() {
                 return Err("matmul epilogue needs a contiguous output".into());
             }
@@ -979,11 +941,16 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
                 bias: bias.as_ref(),
                 residual: residual.as_ref(),
             };
+            // B packed for one product of these sizes, alpha folded in as 1
+            let packed = b_packed
+                .as_ref()
+                .filter(|_| *alpha == 1.0 && out.shape[0] == 1);
+            let b = (b, *b_panel, packed);
             match out.dtype {
-                DType::F64 => matmul::<f64>(f, a, b, *b_panel, out, addends, *alpha, *beta, *act),
+                DType::F64 => matmul::<f64>(f, a, b, out, addends, *alpha, *beta, *act),
                 _ => {
                     let (alpha, beta) = (*alpha as f32, *beta as f32);
-                    matmul::<f32>(f, a, b, *b_panel, out, addends, alpha, beta, *act)
+                    matmul::<f32>(f, a, b, out, addends, alpha, beta, *act)
                 }
             }
         }

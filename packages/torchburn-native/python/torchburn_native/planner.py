@@ -159,9 +159,6 @@ class Planner:
         self.in_bytes: list[int] = []
         self.constants: list[torch.Tensor] = []
         self.derived: list[DerivedInput] = []
-        # run once every node and output is lowered, before the memory plan: choices that depend on
-        # what fused into an instruction later (see ``at_finish``)
-        self.finishers: list[Callable[[], None]] = []
 
     # ---- buffers -------------------------------------------------------------------------------
     def new_value(self, shape: Sequence[int], dtype: torch.dtype) -> Value:
@@ -332,11 +329,6 @@ class Planner:
         self.env[node] = Value(buf, t.dtype, tuple(t.shape), tuple(t.stride()), 0)
         self.meta_env[node] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
-    def at_finish(self, step: Callable[[], None]) -> None:
-        """Runs ``step`` once the whole region is lowered (every fusion into earlier instructions
-        done) and before buffers are placed; it may add derived inputs."""
-        self.finishers.append(step)
-
     def packed_copy(self, v: Value, rows: int, nbytes: int) -> dict[str, Any]:
         """The operand of a copy of the 2-D f32 region input ``v`` (``k × n``) that the caller packs
         with MKL for products with ``rows`` rows of A, once per version of that tensor (see
@@ -427,8 +419,6 @@ class Planner:
                     contiguous_strides(v.shape),
                 )
                 self.materialize(self.lazy(v, domain_of(v.dtype)), into=dest)
-        for finish in self.finishers:
-            finish()
         arena = self._place_tmp_buffers()
         plan = {
             "n_inputs": len(self.in_bytes),

@@ -57,6 +57,26 @@ pub trait GemmScalar:
     const ONE: Self;
     /// Where the shared host BLAS routine for this type lives (0: none).
     fn host_gemm() -> &'static AtomicUsize;
+
+    /// `C = (accumulate ? C : 0) + A·B` from a B the host BLAS packed for these sizes (see
+    /// `gemm_packed`), with `hooks` run over blocks of C's rows before and after the product; false
+    /// (nothing done) where this type or these layouts have no packed path.
+    ///
+    /// # Safety
+    /// As [`gemm_hooked`]; `packed` must hold B packed for exactly these sizes.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemm_packed_b(
+        _m: usize,
+        _n: usize,
+        _k: usize,
+        _a: Mat<Self>,
+        _packed: *const Self,
+        _c: MatMut<Self>,
+        _accumulate: bool,
+        _hooks: BlockHooks<'_>,
+    ) -> bool {
+        false
+    }
 }
 
 /// Addresses of the host BLAS's `sgemm_`, `dgemm_` and `MKL_Set_Num_Threads_Local` (0: none).
@@ -69,6 +89,19 @@ impl GemmScalar for f32 {
     const ONE: Self = 1.0;
     fn host_gemm() -> &'static AtomicUsize {
         &HOST_SGEMM
+    }
+
+    unsafe fn gemm_packed_b(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: Mat<Self>,
+        packed: *const Self,
+        c: MatMut<Self>,
+        accumulate: bool,
+        hooks: BlockHooks<'_>,
+    ) -> bool {
+        super::gemm_packed::gemm_packed_b(m, n, k, a, packed, c, accumulate, hooks)
     }
 }
 

@@ -42,10 +42,12 @@ def _as_gemm_input(p: Planner, x: Tensorish, dtype: torch.dtype) -> Value:
 ROW_MAJOR_COPY_MIN = 1 << 14
 # kernels/gemm.rs's PARALLEL_MIN_FLOPS: smaller products run on one thread
 PARALLEL_MIN_FLOPS = 96 * 96 * 96
-# kernels/gemm.rs's HOST_THREADED_MIN_FLOPS: from here a plain product runs on MKL's own threading,
-# and reading B packed once per version saves it the packing (1024³: 5%); smaller products are split
-# across the engine's threads instead, which this path does not serve
-PACKED_B_MIN_FLOPS = 1 << 28
+# from here an f32 product whose B is a region input reads B packed by MKL once per version of B and
+# runs on MKL's own threads, its bias, residual and activation in passes over blocks of C's rows
+# (kernels/gemm_packed.rs). Bench rows on 2 threads, this threshold against 2^28: Linear+ReLU
+# 128x512 -> 1024 (2^26) 1.02-1.04x -> 1.09-1.11x eager; packing everything took mm 256³ (2^24) from
+# 1.01-1.02x to 0.94x, and the MLP at batch 32 (2^23, 2^24) did not move
+PACKED_B_MIN_FLOPS = 1 << 26
 
 
 def _weight_layout(p: Planner, v: Value, rows: int) -> tuple[Value, int]:
@@ -137,32 +139,25 @@ def fuse_residual(p: Planner, x: Value, r: Value) -> bool:
     return True
 
 
-def _read_b_packed(p: Planner, instr: dict[str, Any], b: Value, rows: int) -> None:
-    """Lets a plain f32 product read its B packed by MKL, once per version of B, where B is a 2-D
-    region input and the product is large: the packing a plain call does every time is then done once
-    (``kernels/gemm_packed.rs``). Decided once the region is lowered, because a bias, a residual or an
-    activation fused in later makes the product one the packed routine cannot run."""
+def _packed_b(p: Planner, b: Value, rows: int, alpha: float) -> dict[str, Any] | None:
+    """The operand of a copy of ``b`` packed by MKL once per version of ``b``, where the product
+    (``rows`` rows of A, one batch) can read one: f32, alpha 1, ``b`` a 2-D region input as it lies,
+    and the product at least ``PACKED_B_MIN_FLOPS``; else None (``kernels/gemm_packed.rs``)."""
     from .. import _native
 
     if (
-        instr["bias"] is not None
-        or instr["residual"] is not None
-        or instr["act"] is not None
-        or instr["alpha"] != 1.0
-        or instr["b_panel"]
+        alpha != 1.0
         or b.dtype != torch.float32
-        or b.buffer.kind != "in"
-        or b.buffer.index >= len(p.in_bytes) - len(p.derived)
         or b.rank != 2
-        or instr["out"]["shape"][0] != 1
+        or b.buffer.kind != "in"
+        or b.buffer.index >= len(p.in_bytes) - len(p.derived)  # a derived copy is no region input
     ):
-        return
+        return None
     k, n = b.shape
     if rows * n * k < PACKED_B_MIN_FLOPS:
-        return
+        return None
     nbytes = _native.packed_b_bytes(rows, n, k)
-    if nbytes:
-        instr["b_packed"] = p.packed_copy(b, rows, nbytes)
+    return p.packed_copy(b, rows, nbytes) if nbytes else None
 
 
 def matmul(
@@ -177,8 +172,12 @@ def matmul(
     out_dtype: torch.dtype = meta.dtype
     dtype = _gemm_dtype(out_dtype)
     av = _as_gemm_input(p, a, dtype)
-    b_value = _as_gemm_input(p, b, dtype)
-    bv, b_panel = _weight_layout(p, b_value, av.shape[-2])
+    bv = _as_gemm_input(p, b, dtype)
+    rows = av.shape[-2]
+    packed = _packed_b(p, bv, rows, alpha) if av.rank == 2 else None
+    b_panel = 0
+    if packed is None:
+        bv, b_panel = _weight_layout(p, bv, rows)
     out = p.new_value(tuple(meta.shape), dtype)
     instr: dict[str, Any] = {
         "kind": "matmul",
@@ -191,6 +190,7 @@ def matmul(
         "beta": float(beta),
         "act": None,
         "b_panel": b_panel,
+        "b_packed": packed,
     }
     reads = [av, bv]
     if bias is not None and beta != 0:
@@ -201,8 +201,6 @@ def matmul(
         )
         reads.append(biasv)
     p.emit(instr, reads, [out])
-    if bv is b_value:
-        p.at_finish(lambda: _read_b_packed(p, instr, b_value, av.shape[-2]))
     if out_dtype != dtype:
         return Lazy("unary", ("identity", p.lazy(out, "f32")), out_dtype, out.shape, "f32")
     return out
