@@ -32,14 +32,8 @@ def recent_regions(engine_name: str) -> Regions:
 
 
 def _packed_copies(region: Any) -> list[torch.Tensor]:
-    """The packed copies the region holds now, in derived-input order."""
-    found = []
-    for plan_key, entries in region._derived.items():
-        planned = next(p for _, p in region._plans.values() if id(p) == plan_key)
-        for spec, entry in zip(planned.derived, entries, strict=True):
-            if spec.packed_rows and entry is not None:
-                found.append(entry.copy)
-    return found
+    """The packed copies the region holds now."""
+    return [copy for spec, copy in region.derived_copies() if spec.packed_rows]
 
 
 def _expect_packing() -> bool:
@@ -198,4 +192,34 @@ def test_threads_sharing_one_compiled_product_while_b_changes(
     for t in threads:
         t.join()
     assert failures == []
+    assert_engine_ran()
+
+
+def test_plans_for_other_sizes_share_copies_and_keep_memory_bounded(
+    recent_regions: Regions, compile_engine: Compile, assert_engine_ran: Ran
+) -> None:
+    """Inputs of many sizes (``dynamic=True``: one region, a plan per size): a row-major weight copy is
+    shared by every size; packed copies, made per size, stay within ``DERIVED_PLANS_KEPT`` plans'
+    worth however many sizes come."""
+    from torchburn_native.program import DERIVED_PLANS_KEPT
+
+    torch.manual_seed(6)
+    small = nn.Linear(256, 512).eval()  # 8-16 rows: below the packing threshold, a row-major copy
+    large = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU()).eval()  # 64+ rows: packed per size
+    fast_small = torch.compile(small, backend="torchburn", dynamic=True, options={"fallback": "error"})
+    fast_large = torch.compile(large, backend="torchburn", dynamic=True, options={"fallback": "error"})
+    with torch.no_grad():
+        held = []
+        for rows in (8, 12, 16):
+            x = torch.randn(rows, 256)
+            torch.testing.assert_close(fast_small(x), small(x), rtol=1e-4, atol=1e-4)
+            held.append([copy for _, copy in recent_regions()[-1].derived_copies()])
+        assert len(held[0]) == 1 and all(h[0] is held[0][0] for h in held), "each size made its own copy"
+
+        for rows in range(64, 64 + 2 * (DERIVED_PLANS_KEPT + 4), 2):
+            x = torch.randn(rows, 1024)
+            want = torch.relu(x.double() @ large[0].weight.double().t() + large[0].bias.double()).float()
+            torch.testing.assert_close(fast_large(x), want, rtol=1e-4, atol=1e-3)
+            assert len(recent_regions()[-1].derived_copies()) <= DERIVED_PLANS_KEPT
+        assert len(_packed_copies(recent_regions()[-1])) == (DERIVED_PLANS_KEPT if _expect_packing() else 0)
     assert_engine_ran()
