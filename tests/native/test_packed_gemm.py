@@ -81,13 +81,17 @@ def _operands(layout: str) -> tuple[torch.Tensor, torch.Tensor, bool]:
         return torch.randn(1024, 600).t(), torch.randn(1024, 640), True
     if layout == "row-strided-b":  # a row stride wider than the rows
         return torch.randn(600, 1024), torch.randn(1024, 700)[:, 3:643], True
+    if layout == "broadcast-b":  # one row read for all k: CBLAS cannot take a zero stride
+        return torch.randn(512, 1024), torch.randn(1, 768).expand(1024, 768), False
     if layout == "transposed-b":  # a column-major B with few columns
         return torch.randn(32768, 128), torch.randn(64, 128).t(), True
     # a Linear's weight as it reads it (``w.t()``): packed from the column-major layout
     return torch.randn(600, 1024), torch.randn(640, 1024).t(), True
 
 
-@pytest.mark.parametrize("layout", ["transposed-a", "row-strided-b", "transposed-b", "large-transposed-b"])
+@pytest.mark.parametrize(
+    "layout", ["transposed-a", "row-strided-b", "transposed-b", "large-transposed-b", "broadcast-b"]
+)
 def test_packed_b_from_strided_operands(
     recent_regions: Regions, compile_engine: Compile, assert_engine_ran: Ran, layout: str
 ) -> None:

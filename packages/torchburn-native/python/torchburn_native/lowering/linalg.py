@@ -139,6 +139,13 @@ def fuse_residual(p: Planner, x: Value, r: Value) -> bool:
     return True
 
 
+def _cblas_layout(v: Value) -> bool:
+    """Whether CBLAS can read the 2-D ``v`` as it lies: rows or columns of unit stride, not overlapping
+    (``kernels/gemm_packed.rs``'s ``row_major_operand``); a broadcast operand (stride 0) cannot."""
+    (rows, cols), (rs, cs) = v.shape, v.strides
+    return (cs == 1 and (rows == 1 or rs >= cols)) or (rs == 1 and (cols == 1 or cs >= rows))
+
+
 def _packed_b(p: Planner, b: Value, rows: int, alpha: float) -> dict[str, Any] | None:
     """The operand of a copy of ``b`` packed by MKL once per version of ``b``, where the product
     (``rows`` rows of A, one batch) can read one: f32, alpha 1, ``b`` a 2-D region input as it lies,
@@ -154,7 +161,7 @@ def _packed_b(p: Planner, b: Value, rows: int, alpha: float) -> dict[str, Any] |
     ):
         return None
     k, n = b.shape
-    if rows * n * k < PACKED_B_MIN_FLOPS:
+    if rows * n * k < PACKED_B_MIN_FLOPS or not _cblas_layout(b):
         return None
     nbytes = _native.packed_b_bytes(rows, n, k)
     return p.packed_copy(b, rows, nbytes) if nbytes else None
