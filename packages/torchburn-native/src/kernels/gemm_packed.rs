@@ -11,8 +11,9 @@
 //! B that changes on every call loses nothing.
 //!
 //! MKL asks for a buffer some 7.5 MB larger than B (`cblas_sgemm_pack_get_size`), but writes only
-//! the packed matrix: the rest of a fresh allocation is never touched and takes no memory (measured
-//! with `mincore`: 1.01 MB resident for a 1 MB B in an 8.8 MB buffer).
+//! the packed matrix. The caller gives each copy a fresh mapping of its own (`program.py`), whose
+//! untouched pages take no memory (`mincore`: 1.01 MB resident for a 1 MB B in an 8.8 MB buffer)
+//! and which goes back to the OS whole when the copy is dropped.
 //!
 //! Only PyTorch's MKL offers these routines (`cblas_sgemm_pack_get_size`, `cblas_sgemm_pack`,
 //! `cblas_sgemm_compute`); without them [`packed_b_bytes`] is 0 and nothing here is used.
