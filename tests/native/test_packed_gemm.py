@@ -40,7 +40,7 @@ def _expect_packing() -> bool:
     import torchburn_native
     from torchburn_native import _native
 
-    return torchburn_native.gemm_backend() == "mkl" and _native.packed_b_bytes(1, 1, 1) > 0
+    return torchburn_native.gemm_backend() == "mkl" and _native.packed_b_bytes(1, 1, 1, 1, 1) > 0
 
 
 def _close(got: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:

@@ -128,9 +128,10 @@ pub enum Instr {
         #[serde(default)]
         b_panel: usize,
         /// B packed by MKL for this product's sizes (`kernels/gemm_packed.rs`), made by the caller
-        /// once per version of B: a 1-D f32 operand of at least `packed_b_bytes(m, n, k)` bytes. The
-        /// product reads it where it can (one f32 product of batch 1, no addends, no activation,
-        /// alpha 1); `b` stays the operand it describes, for the other cases.
+        /// once per version of B: a 1-D f32 operand of at least `packed_b_bytes` bytes. The product
+        /// reads it where it can (an f32 product of batch 1, alpha 1, A and C in layouts CBLAS
+        /// takes), its addends and activation around it; `b` stays the operand it describes, for
+        /// the other cases.
         #[serde(default)]
         b_packed: Option<Operand>,
     },

@@ -260,7 +260,7 @@ impl Program {
                     if let Some(p) = b_packed {
                         chk(p)?;
                         let (m, k, n) = (a.shape[1], a.shape[2], b.shape[2]);
-                        let need = gemm_packed::packed_b_bytes(m, n, k);
+                        let need = gemm_packed::packed_b_bytes(m, n, k, b.strides[1], b.strides[2]);
                         if p.dtype != DType::F32
                             || out.dtype != DType::F32
                             || p.shape.len() != 1
@@ -270,7 +270,8 @@ impl Program {
                         {
                             return Err(format!(
                                 "a packed matmul operand is a contiguous 1-D f32 operand of at least \
-                                 {need} bytes, for an f32 product, where MKL's packing is available"
+                                 {need} bytes, for an f32 product whose B CBLAS can read, where \
+                                 MKL's packing is available"
                             ));
                         }
                     }

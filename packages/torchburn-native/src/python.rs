@@ -507,10 +507,11 @@ fn share_host_packing(get_size: usize, pack: usize, compute: usize) {
     unsafe { crate::kernels::gemm_packed::share_host_packing(get_size, pack, compute) };
 }
 
-/// Bytes of a `k × n` f32 B packed for products with `m` rows of A (0: packing unavailable).
+/// Bytes of a `k × n` f32 B with strides `(rs, cs)` packed for products with `m` rows of A (0:
+/// packing unavailable, or a layout CBLAS cannot read).
 #[pyfunction]
-fn packed_b_bytes(m: usize, n: usize, k: usize) -> usize {
-    crate::kernels::gemm_packed::packed_b_bytes(m, n, k)
+fn packed_b_bytes(m: usize, n: usize, k: usize, rs: isize, cs: isize) -> usize {
+    crate::kernels::gemm_packed::packed_b_bytes(m, n, k, rs, cs)
 }
 
 /// Packs the f32 `k × n` matrix at `src` (element `(r, c)` at `src + (r·rs + c·cs)` elements) for
@@ -549,8 +550,8 @@ fn pack_gemm_b(
         return Err(PyValueError::new_err(format!(
             "cannot pack a {k}x{n} f32 matrix with strides ({rs}, {cs}) for {m} rows into {dest_bytes} \
              bytes: MKL's packing must be available, one stride must be 1 and the destination must \
-             hold packed_b_bytes(m, n, k) = {} bytes",
-            crate::kernels::gemm_packed::packed_b_bytes(m, n, k)
+             hold packed_b_bytes(m, n, k, rs, cs) = {} bytes",
+            crate::kernels::gemm_packed::packed_b_bytes(m, n, k, rs, cs)
         )));
     }
     Ok(())

@@ -32,9 +32,9 @@ class HostBlas:
     dgemm: int
     set_local_threads: int
     # f32 products from a B packed once per version of B (0 where this MKL lacks them)
-    sgemm_pack_get_size: int = 0
-    sgemm_pack: int = 0
-    sgemm_compute: int = 0
+    sgemm_pack_get_size: int
+    sgemm_pack: int
+    sgemm_compute: int
 
 
 def torch_mkl() -> HostBlas | None:

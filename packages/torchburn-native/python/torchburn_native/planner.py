@@ -334,13 +334,7 @@ class Planner:
         with MKL for products with ``rows`` rows of A, once per version of that tensor (see
         ``kernels/gemm_packed.rs``): ``nbytes`` bytes, read as a flat f32 operand."""
         spec = DerivedInput(v.buffer.index, v.shape, v.strides, v.offset, 0, rows, nbytes)
-        if spec in self.derived:
-            index = len(self.in_bytes) - len(self.derived) + self.derived.index(spec)
-        else:
-            index = len(self.in_bytes)
-            self.in_bytes.append(spec.numel * 4)
-            self.derived.append(spec)
-        copy = Value(Buffer("in", index, spec.numel * 4), torch.float32, (spec.numel,), (1,))
+        copy = Value(self._derived_buffer(spec, spec.numel * 4), torch.float32, (spec.numel,), (1,))
         return copy.operand()
 
     def row_major_copy(self, v: Value, panel: int = 0) -> Value:
@@ -351,15 +345,18 @@ class Planner:
         told ``b_panel`` P may read it.
         """
         spec = DerivedInput(v.buffer.index, v.shape, v.strides, v.offset, panel)
-        nbytes = max(spec.numel, 1) * _itemsize(v.dtype)
+        buf = self._derived_buffer(spec, max(spec.numel, 1) * _itemsize(v.dtype))
+        return Value(buf, v.dtype, v.shape, (panel, 1) if panel else contiguous_strides(v.shape))
+
+    def _derived_buffer(self, spec: DerivedInput, nbytes: int) -> Buffer:
+        """The region input the caller fills with the copy ``spec`` describes: one per distinct copy,
+        numbered after the inputs and constants."""
         if spec in self.derived:
             index = len(self.in_bytes) - len(self.derived) + self.derived.index(spec)
-            buf = Buffer("in", index, nbytes)
-        else:
-            buf = Buffer("in", len(self.in_bytes), nbytes)
-            self.in_bytes.append(buf.nbytes)
-            self.derived.append(spec)
-        return Value(buf, v.dtype, v.shape, (panel, 1) if panel else contiguous_strides(v.shape))
+            return Buffer("in", index, nbytes)
+        self.in_bytes.append(nbytes)
+        self.derived.append(spec)
+        return Buffer("in", len(self.in_bytes) - 1, nbytes)
 
     def _meta(self, node: torch.fx.Node) -> Any:
         if node.target is operator.getitem:

@@ -119,10 +119,14 @@ fn dims(m: usize, n: usize, k: usize) -> Option<(c_int, c_int, c_int)> {
     ))
 }
 
-/// Bytes of B (`k × n`) packed for products with `m` rows of A; 0 where the packed path is
-/// unavailable (no MKL, an empty product, or sizes beyond its 32-bit integers).
-pub fn packed_b_bytes(m: usize, n: usize, k: usize) -> usize {
-    shared().map_or(0, |r| bytes_with(r, m, n, k))
+/// Bytes of B (`k × n`, element `(r, c)` at `r·rs + c·cs`) packed for products with `m` rows of A;
+/// 0 where the packed path is unavailable (no MKL, an empty product, sizes beyond its 32-bit
+/// integers, or a layout of B that CBLAS cannot read, such as a broadcast row).
+pub fn packed_b_bytes(m: usize, n: usize, k: usize, rs: isize, cs: isize) -> usize {
+    match (shared(), row_major_operand(k, n, rs, cs)) {
+        (Some(r), Some(_)) => bytes_with(r, m, n, k),
+        _ => 0,
+    }
 }
 
 fn bytes_with(r: Routines, m: usize, n: usize, k: usize) -> usize {
@@ -214,25 +218,41 @@ pub unsafe fn gemm_packed_b(
     let (Some(r), Ok(team)) = (shared(), c_int::try_from(threads)) else {
         return false;
     };
-    if set_threads == 0 || !expressible(m, n, k, a, c) {
+    let Some(args) = compute_args(m, n, k, a, c).filter(|_| set_threads != 0) else {
         return false;
-    }
+    };
     run_hook(hooks.before, m, n, threads);
     // SAFETY: `share_host_blas` promised MKL's thread setter
     let set_threads: SetLocalThreads = std::mem::transmute(set_threads);
     let previous = set_threads(team);
-    let done = compute_with(r, m, n, k, a, packed, c, accumulate);
+    compute(r, args, a, packed, c, accumulate);
     set_threads(previous);
-    debug_assert!(done, "layouts were checked above");
     run_hook(hooks.after, m, n, threads);
     true
 }
 
-/// Whether CBLAS can take these sizes and A's and C's layouts.
-fn expressible(m: usize, n: usize, k: usize, a: Mat<f32>, c: MatMut<f32>) -> bool {
-    dims(m, n, k).is_some()
-        && row_major_operand(m, k, a.rs, a.cs).is_some()
-        && row_major_operand(m, n, c.rs, c.cs).is_some_and(|(trans, _)| trans == NO_TRANS)
+/// `cblas_sgemm_compute`'s sizes, A's transpose flag and the leading dimensions of A and C.
+#[derive(Clone, Copy)]
+struct ComputeArgs {
+    dims: (c_int, c_int, c_int),
+    trans_a: c_int,
+    lda: c_int,
+    ldc: c_int,
+}
+
+/// The CBLAS arguments for these sizes and A's and C's layouts; `None` where CBLAS cannot take
+/// them (C must have contiguous rows).
+fn compute_args(m: usize, n: usize, k: usize, a: Mat<f32>, c: MatMut<f32>) -> Option<ComputeArgs> {
+    let (trans_a, lda) = row_major_operand(m, k, a.rs, a.cs)?;
+    let (NO_TRANS, ldc) = row_major_operand(m, n, c.rs, c.cs)? else {
+        return None;
+    };
+    Some(ComputeArgs {
+        dims: dims(m, n, k)?,
+        trans_a,
+        lda,
+        ldc,
+    })
 }
 
 /// Runs `hook` over C's rows in one block per thread (one block when C is small: a pass over a few
@@ -251,30 +271,26 @@ fn run_hook(hook: Option<BlockFn<'_>>, m: usize, n: usize, threads: usize) {
     });
 }
 
-#[allow(clippy::too_many_arguments)]
-unsafe fn compute_with(
+/// `C = (accumulate ? C : 0) + A·B` from the packed B, on the calling thread's MKL team.
+unsafe fn compute(
     r: Routines,
-    m: usize,
-    n: usize,
-    k: usize,
+    args: ComputeArgs,
     a: Mat<f32>,
     packed: *const f32,
     c: MatMut<f32>,
     accumulate: bool,
-) -> bool {
-    let (Some((mi, ni, ki)), Some((trans_a, lda)), Some((NO_TRANS, ldc))) = (
-        dims(m, n, k),
-        row_major_operand(m, k, a.rs, a.cs),
-        row_major_operand(m, n, c.rs, c.cs),
-    ) else {
-        return false;
-    };
+) {
+    let ComputeArgs {
+        dims: (mi, ni, ki),
+        trans_a,
+        lda,
+        ldc,
+    } = args;
     let beta = if accumulate { 1.0 } else { 0.0 };
     // ldb is ignored for a packed operand
     (r.compute)(
         ROW_MAJOR, trans_a, PACKED, mi, ni, ki, a.ptr, lda, packed, ni, beta, c.ptr, ldc,
     );
-    true
 }
 
 #[cfg(test)]
@@ -357,6 +373,26 @@ mod tests {
                 *out = dot + if beta == 0.0 { 0.0 } else { beta * *out };
             }
         }
+    }
+
+    /// [`super::compute`] where [`compute_args`] takes the layouts; false (nothing done) where it
+    /// does not.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn compute_with(
+        r: Routines,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: Mat<f32>,
+        packed: *const f32,
+        c: MatMut<f32>,
+        accumulate: bool,
+    ) -> bool {
+        let Some(args) = compute_args(m, n, k, a, c) else {
+            return false;
+        };
+        super::compute(r, args, a, packed, c, accumulate);
+        true
     }
 
     const STAND_INS: Routines = Routines {

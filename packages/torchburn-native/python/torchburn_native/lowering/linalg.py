@@ -139,17 +139,11 @@ def fuse_residual(p: Planner, x: Value, r: Value) -> bool:
     return True
 
 
-def _cblas_layout(v: Value) -> bool:
-    """Whether CBLAS can read the 2-D ``v`` as it lies: rows or columns of unit stride, not overlapping
-    (``kernels/gemm_packed.rs``'s ``row_major_operand``); a broadcast operand (stride 0) cannot."""
-    (rows, cols), (rs, cs) = v.shape, v.strides
-    return (cs == 1 and (rows == 1 or rs >= cols)) or (rs == 1 and (cols == 1 or cs >= rows))
-
-
 def _packed_b(p: Planner, b: Value, rows: int, alpha: float) -> dict[str, Any] | None:
     """The operand of a copy of ``b`` packed by MKL once per version of ``b``, where the product
     (``rows`` rows of A, one batch) can read one: f32, alpha 1, ``b`` a 2-D region input as it lies,
-    and the product at least ``PACKED_B_MIN_FLOPS``; else None (``kernels/gemm_packed.rs``)."""
+    in a layout CBLAS reads, and the product at least ``PACKED_B_MIN_FLOPS``; else None
+    (``kernels/gemm_packed.rs``)."""
     from .. import _native
 
     if (
@@ -161,9 +155,9 @@ def _packed_b(p: Planner, b: Value, rows: int, alpha: float) -> dict[str, Any] |
     ):
         return None
     k, n = b.shape
-    if rows * n * k < PACKED_B_MIN_FLOPS or not _cblas_layout(b):
+    if rows * n * k < PACKED_B_MIN_FLOPS:
         return None
-    nbytes = _native.packed_b_bytes(rows, n, k)
+    nbytes = _native.packed_b_bytes(rows, n, k, *b.strides)  # 0 for a layout CBLAS cannot read
     return p.packed_copy(b, rows, nbytes) if nbytes else None
 
 
