@@ -161,3 +161,37 @@ def test_region_replans_when_strides_or_dtype_change_under_the_same_shape(engine
         (got,) = region(a, b)
         torch.testing.assert_close(got, f(a, b)[0], rtol=0, atol=0)
     assert len(region._plans) == 4
+
+
+def test_region_keeps_a_bounded_number_of_plans_least_recently_used_first(engine_name: str) -> None:
+    """Inputs of ever new sizes must not grow a region's plans without end (each kept plan pins memory):
+    beyond ``PLANS_KEPT`` signatures the least recently used plan goes, a size used again stays, and a
+    dropped size is planned again and still computes eager's values."""
+    if engine_name == "reference":
+        pytest.skip("native-only API")
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torchburn_native.program import PLANS_KEPT, CompiledRegion, signature
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
+        return ((x * 2 + y).relu(),)
+
+    g = torch.Generator().manual_seed(2)
+    region = CompiledRegion(make_fx(f)(torch.randn(3, 5, generator=g), torch.randn(5, generator=g)))
+
+    def call(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = torch.randn(rows, 5, generator=g), torch.randn(5, generator=g)
+        (got,) = region(x, y)
+        torch.testing.assert_close(got, f(x, y)[0], rtol=0, atol=0)
+        return x, y
+
+    seen = {1: signature(call(1))}
+    kept = region._plans[seen[1]]
+    for rows in range(2, PLANS_KEPT + 9):
+        seen[rows] = signature(call(rows))
+        call(1)  # used again after every new size: the oldest plan is never this one
+        assert len(region._plans) <= PLANS_KEPT
+    assert len(region._plans) == PLANS_KEPT
+    assert region._plans.get(seen[1]) is kept, "a plan in use was dropped"
+    assert seen[PLANS_KEPT + 8] in region._plans
+    assert seen[2] not in region._plans and seen[8] not in region._plans  # the least recently used went
+    assert signature(call(2)) in region._plans  # planned again, with eager's values
