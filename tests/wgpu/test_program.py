@@ -285,3 +285,33 @@ def test_a_region_called_with_another_layout_plans_again_and_back(gpu_compile: C
         torch.testing.assert_close(got, f(arg))
     assert len(region.plans) == 2
     assert region.plan([x]) is region.plans[program.signature([x])]
+
+
+def test_a_region_keeps_a_bounded_number_of_plans_least_recently_used_first(gpu_compile: Callable[..., Any]) -> None:
+    """Each plan holds GPU buffers, so inputs of ever new sizes must not add plans without end: beyond
+    ``PLANS_KEPT`` signatures the least recently used plan goes, a size used again keeps its plan, and
+    a dropped size is planned again and still computes eager's values."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + 1
+
+    gpu_compile(f)(torch.randn(3, 5))
+    region = recent_regions()[-1]
+
+    def call(rows: int) -> tuple[Any, ...]:
+        x = torch.randn(rows, 5)
+        (got,) = region(x)
+        torch.testing.assert_close(got, f(x))
+        return program.signature([x])
+
+    seen = {1: call(1)}
+    kept = region.plans[seen[1]]
+    for rows in range(2, program.PLANS_KEPT + 5):
+        seen[rows] = call(rows)
+        call(1)  # used again after every new size: never the least recently used
+        assert len(region.plans) <= program.PLANS_KEPT
+    assert len(region.plans) == program.PLANS_KEPT
+    assert region.plans.get(seen[1]) is kept, "a plan in use was dropped"
+    assert seen[program.PLANS_KEPT + 4] in region.plans
+    assert seen[2] not in region.plans and seen[4] not in region.plans
+    assert call(2) in region.plans  # planned again, with eager's values

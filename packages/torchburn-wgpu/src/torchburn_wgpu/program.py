@@ -36,6 +36,12 @@ Result = TypeVar("Result")
 
 _pipeline_caches: dict[int, PipelineCache] = {}
 _RECENT: collections.deque[CompiledRegion] = collections.deque(maxlen=64)
+
+# a region keeps the plans of this many input signatures, dropping the least recently used beyond that:
+# each plan holds GPU buffers for every input (weights included) and intermediate, so inputs of ever new
+# sizes (dynamic shapes) would otherwise fill the GPU's memory. A dropped signature is planned again,
+# and its weights uploaded again, if it comes back
+PLANS_KEPT = 8
 # while a ``recording_plans()`` block runs: the plans run in it (benchmarks time their kernels)
 _RECORDING: list[Plan] | None = None
 
@@ -647,7 +653,8 @@ class CompiledRegion:
         self.gpu = gpu
         self.graph_module = gm
         self.out_strides = list(out_strides)
-        self.plans: dict[tuple[Any, ...], Plan] = {}
+        # least recently used first; at most PLANS_KEPT
+        self.plans: collections.OrderedDict[tuple[Any, ...], Plan] = collections.OrderedDict()
         # the signature and plan of the last call: most calls repeat it, and checking each argument
         # against it in C++ is a quarter of the cost of building and hashing a signature (about 40 µs
         # for a ResNet-18's hundred parameters)
@@ -664,6 +671,10 @@ class CompiledRegion:
         if plan is None:
             with unset_fake_temporarily():
                 plan = self.plans[key] = Plan(self.gpu, self.graph_module, args)
+            while len(self.plans) > PLANS_KEPT:
+                self.plans.popitem(last=False)  # its buffers go with it
+        else:
+            self.plans.move_to_end(key)
         self._last = (key, plan)
         return plan
 
