@@ -195,3 +195,38 @@ def test_region_keeps_a_bounded_number_of_plans_least_recently_used_first(engine
     assert seen[PLANS_KEPT + 8] in region._plans
     assert seen[2] not in region._plans and seen[8] not in region._plans  # the least recently used went
     assert signature(call(2)) in region._plans  # planned again, with eager's values
+
+
+def test_threads_calling_with_more_sizes_than_plans_kept_all_get_eager_values(engine_name: str) -> None:
+    """Plans dropped while other threads still run them (more sizes than ``PLANS_KEPT``, four threads
+    at once): every call still computes eager's values, and the bound holds."""
+    if engine_name == "reference":
+        pytest.skip("native-only API")
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torchburn_native.program import PLANS_KEPT, CompiledRegion
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor]:
+        return ((x @ w).relu() * 2,)
+
+    w = torch.randn(24, 16)
+    region = CompiledRegion(make_fx(f)(torch.randn(3, 24), w))
+    sizes = list(range(1, PLANS_KEPT + 9))
+    failures: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        try:
+            for i in range(3 * len(sizes)):
+                x = torch.randn(sizes[(seed * 7 + i) % len(sizes)], 24, generator=g)
+                (got,) = region(x, w)
+                torch.testing.assert_close(got, f(x, w)[0], rtol=1e-5, atol=1e-5)
+        except BaseException as exc:  # reported by the main thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    assert len(region._plans) <= PLANS_KEPT
