@@ -192,8 +192,9 @@ def test_stored_graph_cannot_name_arbitrary_code() -> None:
             ],
         }
     ).encode()
+    region = _aten_graph(lambda t: t.relu(), torch.randn(3))
     with pytest.raises(graph_codec.GraphCodecError, match="not an ATen op"):
-        graph_codec.loads(payload)
+        graph_codec.loads(payload, region)
 
 
 def test_graph_codec_round_trip_runs_the_same() -> None:
@@ -201,7 +202,7 @@ def test_graph_codec_round_trip_runs_the_same() -> None:
         lambda t: torch.nn.functional.layer_norm(t.permute(1, 0), [4]).clamp(min=-1.0, max=float("inf")),
         torch.randn(4, 6),
     )
-    again = graph_codec.loads(graph_codec.dumps(gm))
+    again = graph_codec.loads(graph_codec.dumps(gm), gm)
     x = torch.randn(4, 6)
     torch.testing.assert_close(again(x), gm(x))
 

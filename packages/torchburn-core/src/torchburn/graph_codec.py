@@ -1,8 +1,10 @@
 """A JSON form of ATen FX graphs: the canonical text hashed by the cache key and the payload the
 reference engine stores on disk.
 
-Decoding only looks names up in ``torch.ops`` (and ``operator.getitem``); it never evaluates code or
-unpickles, so a stored graph cannot run anything but ATen ops.
+A stored graph is untrusted data. Decoding never evaluates code or unpickles, and resolves a name only
+to an op the region being loaded already contains (so a payload cannot bring in ``aten.from_file``,
+an RNG, device or in-place op the region did not have); a decoded graph must then be the region's own
+graph, node for node, or it is rejected.
 """
 
 from __future__ import annotations
@@ -32,8 +34,18 @@ def target_name(target: Any) -> str:
     return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
 
 
-def resolve_target(name: str) -> Any:
+def graph_targets(gm: torch.fx.GraphModule) -> frozenset[Any]:
+    """The call targets of a graph: the only ops a payload loaded for it may name."""
+    return frozenset(n.target for n in gm.graph.nodes if n.op == "call_function")
+
+
+def resolve_target(name: str, allowed: frozenset[Any]) -> Any:
+    """The op ``name`` names, if it is one of ``allowed``."""
+    if not isinstance(name, str):
+        raise GraphCodecError(f"target {name!r} is not an op name")
     if name == "operator.getitem":
+        if operator.getitem not in allowed:
+            raise GraphCodecError("operator.getitem is not in the region this graph is loaded for")
         return operator.getitem
     parts = name.split(".")
     if len(parts) != 3 or parts[0] not in _NAMESPACES:
@@ -44,6 +56,8 @@ def resolve_target(name: str) -> Any:
         raise GraphCodecError(f"unknown op {name!r} in this torch build") from exc
     if not isinstance(target, torch._ops.OpOverload):
         raise GraphCodecError(f"{name!r} is not an op overload")
+    if target not in allowed:
+        raise GraphCodecError(f"op {name} is not in the region this graph is loaded for")
     return target
 
 
@@ -78,6 +92,8 @@ def _decode_arg(value: Any, nodes: list[torch.fx.Node]) -> Any:
         raise GraphCodecError(f"malformed argument {value!r}")
     ((kind, payload),) = value.items()
     if kind == "n":
+        if not isinstance(payload, int) or isinstance(payload, bool) or not 0 <= payload < len(nodes):
+            raise GraphCodecError(f"argument names node {payload!r}, which is not an earlier node")
         return nodes[payload]
     if kind == "f":
         return float(payload)
@@ -92,6 +108,9 @@ def _decode_arg(value: Any, nodes: list[torch.fx.Node]) -> Any:
             raise GraphCodecError(f"unknown {kind} {payload!r}")
         return obj
     if kind == "device":
+        # only the devices a region can hold; the graph comparison then requires the region's own
+        if payload not in ("cpu", "meta"):
+            raise GraphCodecError(f"device {payload!r} is not one a stored graph may name (cpu, meta)")
         return torch.device(payload)
     raise GraphCodecError(f"unknown argument kind {kind!r}")
 
@@ -140,32 +159,66 @@ def dumps(gm: torch.fx.GraphModule) -> bytes:
     return json.dumps(encode_graph(gm), sort_keys=True, separators=(",", ":")).encode()
 
 
-def loads(payload: bytes) -> torch.fx.GraphModule:
-    """Rebuild a GraphModule from ``dumps`` output, checking every field."""
+def _structure(gm: torch.fx.GraphModule) -> list[dict[str, Any]]:
+    """The graph as encoded, without node names (which do not change what it computes)."""
+    nodes = encode_graph(gm)["nodes"]
+    for entry in nodes:
+        entry.pop("name", None)
+    return list(nodes)
+
+
+def _outputs(gm: torch.fx.GraphModule) -> int:
+    result = gm.graph.output_node().args[0]
+    return len(result) if isinstance(result, (tuple, list)) else 1
+
+
+def _first_difference(decoded: torch.fx.GraphModule, region: torch.fx.GraphModule) -> str:
+    inputs = [sum(n.op == "placeholder" for n in g.graph.nodes) for g in (decoded, region)]
+    if inputs[0] != inputs[1]:
+        return f"{inputs[0]} inputs where the region has {inputs[1]}"
+    outputs = [_outputs(g) for g in (decoded, region)]
+    if outputs[0] != outputs[1]:
+        return f"{outputs[0]} outputs where the region has {outputs[1]}"
+    for i, (a, b) in enumerate(zip(_structure(decoded), _structure(region), strict=False)):
+        if a != b:
+            return f"node {i} is {a.get('target', a['op'])} where the region has {b.get('target', b['op'])}"
+    return f"{len(decoded.graph.nodes)} nodes where the region has {len(region.graph.nodes)}"
+
+
+def loads(payload: bytes, region: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Rebuild the GraphModule ``dumps`` stored for ``region``, checking every field: names resolve only
+    to the region's own ops, and the result must be the region's graph (same inputs, outputs, ops and
+    arguments, node for node)."""
     try:
         data = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise GraphCodecError(f"payload is not JSON: {exc}") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise GraphCodecError(f"payload is not JSON: {str(exc)[:200]}") from exc
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("nodes"), list):
         raise GraphCodecError("payload is not a torchburn graph of this format")
+    allowed = graph_targets(region)
     graph = torch.fx.Graph()
     built: list[torch.fx.Node] = []
     try:
         for entry in data["nodes"]:
             op = entry["op"]
             args = _decode_arg(entry.get("args", {"t": []}), built)
-            kwargs = {k: _decode_arg(v, built) for k, v in entry.get("kwargs", {}).items()}
+            kwargs = {str(k): _decode_arg(v, built) for k, v in entry.get("kwargs", {}).items()}
             if op == "placeholder":
-                node = graph.placeholder(entry["name"])
+                node = graph.placeholder(str(entry["name"]))
             elif op == "call_function":
-                node = graph.call_function(resolve_target(entry["target"]), args, kwargs)
-                node.name = entry["name"]
+                node = graph.call_function(resolve_target(entry["target"], allowed), args, kwargs)
             elif op == "output":
                 node = graph.output(args[0])
             else:
                 raise GraphCodecError(f"unexpected node kind {op!r}")
             built.append(node)
-    except (KeyError, IndexError, TypeError) as exc:
-        raise GraphCodecError(f"malformed graph payload: {exc!r}") from exc
-    graph.lint()
-    return torch.fx.GraphModule(torch.nn.Module(), graph)
+        graph.lint()
+        decoded = torch.fx.GraphModule(torch.nn.Module(), graph)
+        got = _structure(decoded)
+    except (KeyError, IndexError, TypeError, AttributeError, RecursionError, RuntimeError, ValueError) as exc:
+        if isinstance(exc, GraphCodecError):
+            raise
+        raise GraphCodecError(f"malformed graph payload: {str(exc)[:200]}") from exc
+    if got != _structure(region):
+        raise GraphCodecError(f"stored graph is not the region's: {_first_difference(decoded, region)}")
+    return decoded

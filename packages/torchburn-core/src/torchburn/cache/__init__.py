@@ -17,6 +17,7 @@ import platformdirs
 
 from ..errors import CacheCorruptionWarning
 from .key import GraphKey, graph_key
+from .secret import key_path
 from .store import DiskStore, MemoryCache
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ def program_for(engine: Engine, region: Region, options: CompileOptions) -> Prog
     if program is not None:
         _bump("memory_hits")
         return program
-    disk = DiskStore(cache_dir()) if options.cache == "on" else None
+    disk = _disk_store() if options.cache == "on" else None
     if disk is not None:
         payload = disk.read(engine.name, key.digest)
         if disk.corrupt_seen:
@@ -75,7 +76,7 @@ def program_for(engine: Engine, region: Region, options: CompileOptions) -> Prog
         if payload is not None:
             try:
                 program = engine.load(region, payload)
-            except ValueError as exc:
+            except Exception as exc:  # a payload that does not load is a miss, whatever the engine raised
                 _bump("corrupt_entries")
                 warnings.warn(
                     f"torchburn cache: engine {engine.name!r} rejected stored program {key.digest[:16]} ({exc}); "
@@ -98,10 +99,34 @@ def program_for(engine: Engine, region: Region, options: CompileOptions) -> Prog
     return program
 
 
+_warned_key_inside = False
+
+
+def _disk_store() -> DiskStore | None:
+    """The disk store, or None (with one warning) where the cache dir would hold the secret that
+    authenticates its own entries: anyone who can read the cache dir could then forge them."""
+    global _warned_key_inside
+    root = cache_dir()
+    try:
+        inside = key_path().resolve().is_relative_to(root.resolve())
+    except OSError:
+        inside = False
+    if inside:
+        if not _warned_key_inside:
+            _warned_key_inside = True
+            warnings.warn(
+                f"torchburn cache: the cache dir {root} contains the cache key {key_path()}; programs are kept "
+                "in memory only. Point TORCHBURN_CACHE_DIR elsewhere.",
+                stacklevel=3,
+            )
+        return None
+    return DiskStore(root)
+
+
 def cache_info() -> dict[str, Any]:
     """Counters of this process and the size of the disk store."""
     disk = DiskStore(cache_dir())
-    files = disk.entries()
+    files = disk.entry_sizes()
     with _lock:
         info: dict[str, Any] = dict(_stats.__dict__)
     info.update(
@@ -109,7 +134,7 @@ def cache_info() -> dict[str, Any]:
         memory_max_entries=_memory.max_entries,
         disk_dir=str(disk.base),
         disk_entries=len(files),
-        disk_bytes=sum(p.stat().st_size for p in files if p.exists()),
+        disk_bytes=sum(size for _, size in files),
     )
     return info
 

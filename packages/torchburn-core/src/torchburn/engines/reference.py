@@ -50,7 +50,7 @@ class ReferenceEngine(Engine):
             return None  # kept in memory only
 
     def load(self, region: Region, payload: bytes) -> Program:
-        return ReferenceProgram(graph_codec.loads(payload))
+        return ReferenceProgram(graph_codec.loads(payload, region.graph_module))
 
 
 @hookimpl
