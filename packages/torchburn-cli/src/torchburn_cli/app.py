@@ -1,10 +1,19 @@
-"""The ``torchburn`` command. User mistakes print one line and exit 2; bugs keep their traceback."""
+"""The ``torchburn`` command. User mistakes print one line and exit 2; bugs keep their traceback.
+
+It behaves like a Unix tool: Ctrl-C exits 130 (128 + SIGINT) without a traceback, and when the reader of
+its output goes away (``torchburn generate ... | head -c 10``) it stops quietly with 141 (128 + SIGPIPE,
+the status the shell reports for any producer whose reader quit), so ``set -o pipefail`` scripts see the
+same as for ``yes | head``. Text arguments must be valid UTF-8.
+"""
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -34,6 +43,40 @@ QuantOpt = Annotated[
 ]
 DeviceOpt = Annotated[str, typer.Option("--device", "-d", help="Where to run: cpu (or auto)")]
 MaxOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", min=0, help="Tokens to generate at most")]
+Command = TypeVar("Command", bound=Callable[..., Any])
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_STDOUT_CLOSED = 141  # 128 + SIGPIPE
+
+
+class StdoutClosed(Exception):
+    """The reader of stdout went away. Not an OSError, so that typer passes it on to :func:`_run`."""
+
+
+def _unix(command: Command) -> Command:
+    """``command`` with a closed stdout reported as :class:`StdoutClosed` (typer would turn the
+    BrokenPipeError into exit 1 and leave Python to complain at exit)."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            result = command(*args, **kwargs)
+            sys.stdout.flush()  # what is still buffered fails here, not at exit
+            return result
+        except BrokenPipeError as exc:
+            raise StdoutClosed from exc
+
+    return run  # type: ignore[return-value]
+
+
+def _utf8(value: str, what: str) -> str:
+    """``value``, if it came from valid UTF-8 (Python keeps undecodable bytes of argv as lone surrogates)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = os.fsencode(value)
+        shown = repr(raw[:40])[2:-1] + ("..." if len(raw) > 40 else "")
+        raise ValueError(f"{what} is not valid UTF-8 text: '{shown}'; pass UTF-8") from None
+    return value
 
 
 def _load(model: str | None, quant: str, device: str) -> Any:
@@ -76,6 +119,9 @@ def generate(
     stop: Annotated[list[str] | None, typer.Option(help="Stop before this text (repeatable)")] = None,
 ) -> None:
     """Generate a continuation of PROMPT."""
+    _utf8(prompt, "the prompt")
+    for text in stop or ():
+        _utf8(text, "a --stop string")
     llm = _load(model, quant, device)
     text = (
         prompt if raw or llm.chat_template is None else llm.apply_chat_template([{"role": "user", "content": prompt}])
@@ -109,6 +155,8 @@ def chat(
     seed: Annotated[int | None, typer.Option(help="Same seed, same replies")] = None,
 ) -> None:
     """Chat with the model in the terminal (/exit or Ctrl-D to leave)."""
+    if system is not None:
+        _utf8(system, "the system prompt")
     llm = _load(model, quant, device)
     err.print("[dim]chat: /exit or Ctrl-D to leave[/dim]")
     llm.chat(system, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
@@ -218,27 +266,46 @@ def cache_clear() -> None:
 
 
 for command in (generate, chat, benchmark, accuracy):
-    app.command()(command)
-    llm_app.command()(command)
-app.command()(info)
-app.command()(ops)
+    app.command()(_unix(command))
+    llm_app.command()(_unix(command))
+app.command()(_unix(info))
+app.command()(_unix(ops))
 
 
 def _run(typer_app: typer.Typer) -> None:
+    from rich.markup import escape
+
     from torchburn.errors import TorchBurnError
 
     try:
-        typer_app(standalone_mode=False)
+        # without standalone mode typer turns Ctrl-C into a returned 130 rather than an exit
+        status = typer_app(standalone_mode=False)
+    except StdoutClosed:
+        _stdout_closed()
     except (TorchBurnError, ValueError, OSError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)  # one line, however long
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     except Exception as exc:
         if _is_usage_error(exc):
             exc.show()  # type: ignore[attr-defined]
             sys.exit(exc.exit_code)  # type: ignore[attr-defined]
         raise
+    if isinstance(status, int) and status:
+        sys.exit(status)
+
+
+def _stdout_closed() -> NoReturn:
+    """Exit quietly, as a tool killed by SIGPIPE would: stdout is pointed at /dev/null first, so that
+    the interpreter's last flush of what is still buffered has nowhere to fail ("Exception ignored")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no stdout file descriptor at all: nothing left to flush either
+        pass
+    sys.exit(EXIT_STDOUT_CLOSED)
 
 
 def _is_usage_error(exc: Exception) -> bool:
