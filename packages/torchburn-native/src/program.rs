@@ -409,12 +409,22 @@ impl Program {
                         head_rows(op, what)?;
                     }
                     let (b, h, tq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
-                    let (tk, dv) = (k.shape[2], v.shape[3]);
-                    if k.shape != [b, h, tk, d]
-                        || v.shape != [b, h, tk, dv]
+                    let (hk, tk, dv) = (k.shape[1], k.shape[2], v.shape[3]);
+                    // grouped-query attention: k and v may have fewer heads, each read by
+                    // h / hk consecutive query heads
+                    if k.shape != [b, hk, tk, d]
+                        || v.shape != [b, hk, tk, dv]
                         || out.shape != [b, h, tq, dv]
                     {
-                        return Err("sdpa shapes do not agree".into());
+                        return Err(format!(
+                            "sdpa shapes do not agree: q {:?}, k {:?}, v {:?}, out {:?}",
+                            q.shape, k.shape, v.shape, out.shape
+                        ));
+                    }
+                    if h > 0 && (hk == 0 || h % hk != 0) {
+                        return Err(format!(
+                            "sdpa: {h} query heads do not split into {hk} key/value heads"
+                        ));
                     }
                     // tasks write their output rows in parallel
                     if !head_rows(out, "out")?.rows_disjoint(b, h, tq, dv) {
@@ -1086,6 +1096,7 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
             let s = attention::SdpaShape {
                 b: q.shape[0],
                 h: q.shape[1],
+                hk: k.shape[1],
                 tq: q.shape[2],
                 tk: k.shape[2],
                 d: q.shape[3],
@@ -1130,8 +1141,8 @@ unsafe fn exec(f: &Frame<'_>, ins: &Instr) -> Result<(), String> {
                 &s,
                 &rows,
                 f.span(q, rows.q.span(b, h, s.tq, s.d)),
-                f.span(k, rows.k.span(b, h, s.tk, s.d)),
-                f.span(v, rows.v.span(b, h, s.tk, s.dv)),
+                f.span(k, rows.k.span(b, s.hk, s.tk, s.d)),
+                f.span(v, rows.v.span(b, s.hk, s.tk, s.dv)),
                 mask_data,
                 *causal,
                 *scale as f32,

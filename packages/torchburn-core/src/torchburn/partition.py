@@ -20,10 +20,10 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from . import telemetry
-from .cache import program_for
 from .engines.base import Engine, NodeSpec, Program, Region, TensorSpec
 from .graph_codec import target_name
 from .options import CompileOptions
+from .region_guard import compile_region
 
 log = logging.getLogger("torchburn.partition")
 
@@ -171,7 +171,7 @@ def _whole_graph_region(
         inputs.append(outer.placeholder(node.name))
         inputs[-1].meta = dict(node.meta)
     region, _ = _region_of(gm, options)  # the graph itself, unchanged: its output already is a tuple
-    program = program_for(engine, region, options)
+    program = compile_region(engine, region, options)
     call = outer.call_function(_caller(program, False, len(region.outputs), 0), tuple(inputs))
     outs = [outer.call_function(operator.getitem, (call, i)) for i in range(len(results))]
     outer.output(tuple(outs) if isinstance(result, tuple) else outs)
@@ -208,7 +208,7 @@ def partition_and_compile(gm: torch.fx.GraphModule, engine: Engine, options: Com
         sub = fused.get_submodule(node.target)
         assert isinstance(sub, torch.fx.GraphModule)
         region, single = _region_of(sub, options)
-        program = program_for(engine, region, options)
+        program = compile_region(engine, region, options)
         with fused.graph.inserting_before(node):
             call = fused.graph.call_function(
                 _caller(program, single, len(region.outputs), index), tuple(node.args), dict(node.kwargs)

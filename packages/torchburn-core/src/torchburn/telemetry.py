@@ -13,12 +13,22 @@ from .errors import TorchBurnFallbackWarning
 _lock = threading.Lock()
 _counts: dict[str, dict[str, dict[str, int]]] = {}
 _warned: set[tuple[str, str]] = set()
+_failures_warned: set[tuple[str, str, str]] = set()
 
 
 def record(engine: str, op: str, in_engine: bool) -> None:
     with _lock:
         row = _counts.setdefault(engine, {}).setdefault(op, {"engine": 0, "fallback": 0})
         row["engine" if in_engine else "fallback"] += 1
+
+
+def demote(engine: str, op: str) -> None:
+    """Move one node of ``op`` from the engine's count to the fallback count: its region was given to
+    the engine but the engine failed on it, so it runs eagerly after all."""
+    with _lock:
+        row = _counts.setdefault(engine, {}).setdefault(op, {"engine": 0, "fallback": 0})
+        row["engine"] = max(row["engine"] - 1, 0)
+        row["fallback"] += 1
 
 
 def warn_fallback_once(engine: str, op: str, reason: str) -> None:
@@ -30,6 +40,25 @@ def warn_fallback_once(engine: str, op: str, reason: str) -> None:
     warnings.warn(
         f"torchburn: engine {engine!r} does not run {op} ({reason}); it runs in PyTorch eager. "
         'See torchburn.coverage(); options={"fallback": "error"} makes this an error.',
+        TorchBurnFallbackWarning,
+        stacklevel=3,
+    )
+
+
+def warn_engine_failure(engine: str, ops: list[str], phase: str, error: BaseException) -> None:
+    """Warn that ``engine`` raised while ``phase`` (compiling or running) a region of ``ops``, which
+    now runs eagerly; once per engine, ops and message."""
+    message = f"{type(error).__name__}: {error}"
+    with _lock:
+        key = (engine, ",".join(ops), message)
+        if key in _failures_warned:
+            return
+        _failures_warned.add(key)
+    shown = ", ".join(ops[:6]) + (f" and {len(ops) - 6} more" if len(ops) > 6 else "")
+    warnings.warn(
+        f"torchburn: engine {engine!r} failed while {phase} a region of {len(ops)} op(s) ({shown}): {message}; "
+        'the region runs in PyTorch eager. See torchburn.coverage(); options={"fallback": "error"} makes this '
+        "an error.",
         TorchBurnFallbackWarning,
         stacklevel=3,
     )
@@ -56,3 +85,4 @@ def reset_coverage() -> None:
     with _lock:
         _counts.clear()
         _warned.clear()
+        _failures_warned.clear()

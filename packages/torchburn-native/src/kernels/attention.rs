@@ -63,12 +63,15 @@ const KB: usize = 128;
 /// Below this many multiply-adds the whole call runs on the calling thread.
 const SERIAL_MAX_FLOPS: usize = 1 << 20;
 
-/// Dimensions of one attention call: `q [b, h, tq, d]`, `k [b, h, tk, d]`, `v [b, h, tk, dv]`,
-/// `out [b, h, tq, dv]`.
+/// Dimensions of one attention call: `q [b, h, tq, d]`, `k [b, hk, tk, d]`, `v [b, hk, tk, dv]`,
+/// `out [b, h, tq, dv]`. With `hk < h` (grouped-query attention) `hk` divides `h` and query head
+/// `i` reads key/value head `i / (h / hk)`, as PyTorch's flash attention does for k/v with fewer
+/// heads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SdpaShape {
     pub b: usize,
     pub h: usize,
+    pub hk: usize,
     pub tq: usize,
     pub tk: usize,
     pub d: usize,
@@ -144,8 +147,8 @@ impl SdpaRows {
     pub fn contiguous(s: &SdpaShape) -> Self {
         SdpaRows {
             q: HeadRows::contiguous(s.h, s.tq, s.d),
-            k: HeadRows::contiguous(s.h, s.tk, s.d),
-            v: HeadRows::contiguous(s.h, s.tk, s.dv),
+            k: HeadRows::contiguous(s.hk, s.tk, s.d),
+            v: HeadRows::contiguous(s.hk, s.tk, s.dv),
             out: HeadRows::contiguous(s.h, s.tq, s.dv),
         }
     }
@@ -508,14 +511,17 @@ fn attend_block(
     lse: Option<&mut [f32]>,
     sc: &mut Scratch,
 ) {
-    let SdpaShape { h, tk, d, dv, .. } = ctx.s;
+    let SdpaShape {
+        h, hk, tk, d, dv, ..
+    } = ctx.s;
     let rows = ctx.rows;
     let (bi, hi) = (bh / h, bh % h);
-    // this block's query rows, and the head's keys and values, each `*_rs` apart
+    let kvh = hi / (h / hk); // the key/value head this query head reads
+                             // this block's query rows, and the head's keys and values, each `*_rs` apart
     let (q_rs, k_rs, v_rs) = (rows.q.row, rows.k.row, rows.v.row);
     let qm = &ctx.q[rows.q.at(bi, hi, q0)..][..rows.q.span(1, 1, qn, d)];
-    let kh = &ctx.k[rows.k.at(bi, hi, 0)..][..rows.k.span(1, 1, tk, d)];
-    let vh = &ctx.v[rows.v.at(bi, hi, 0)..][..rows.v.span(1, 1, tk, dv)];
+    let kh = &ctx.k[rows.k.at(bi, kvh, 0)..][..rows.k.span(1, 1, tk, d)];
+    let vh = &ctx.v[rows.v.at(bi, kvh, 0)..][..rows.v.span(1, 1, tk, dv)];
     let qpn = qn.div_ceil(NR);
     let qn_pad = qpn * NR;
     let (dv_full, dv_tail) = (dv / NR, dv % NR);
@@ -793,6 +799,7 @@ pub fn sdpa_f32(
     let &SdpaShape {
         b,
         h,
+        hk,
         tq,
         tk,
         d,
@@ -805,8 +812,8 @@ pub fn sdpa_f32(
         );
     };
     exact("q", q.len(), rows.q.span(b, h, tq, d));
-    exact("k", k.len(), rows.k.span(b, h, tk, d));
-    exact("v", v.len(), rows.v.span(b, h, tk, dv));
+    exact("k", k.len(), rows.k.span(b, hk, tk, d));
+    exact("v", v.len(), rows.v.span(b, hk, tk, dv));
     exact("out", out.len(), rows.out.span(b, h, tq, dv));
     sdpa_f32_rows(s, &rows, q, k, v, mask, causal, scale, out, lse)
 }
@@ -832,22 +839,28 @@ pub fn sdpa_f32_rows(
     let &SdpaShape {
         b,
         h,
+        hk,
         tq,
         tk,
         d,
         dv,
     } = s;
-    let covers = |what: &str, got: usize, layout: &HeadRows, t: usize, width: usize| {
-        let want = layout.span(b, h, t, width);
-        assert!(
-            got >= want,
-            "sdpa: {what} has {got} elements, its layout {layout:?} reaches {want}"
-        );
-    };
-    covers("q", q.len(), &rows.q, tq, d);
-    covers("k", k.len(), &rows.k, tk, d);
-    covers("v", v.len(), &rows.v, tk, dv);
-    covers("out", out.len(), &rows.out, tq, dv);
+    assert!(
+        hk > 0 && h % hk == 0 || h == 0,
+        "sdpa: {h} query heads do not split into {hk} key/value heads"
+    );
+    let covers =
+        |what: &str, got: usize, layout: &HeadRows, heads: usize, t: usize, width: usize| {
+            let want = layout.span(b, heads, t, width);
+            assert!(
+                got >= want,
+                "sdpa: {what} has {got} elements, its layout {layout:?} reaches {want}"
+            );
+        };
+    covers("q", q.len(), &rows.q, h, tq, d);
+    covers("k", k.len(), &rows.k, hk, tk, d);
+    covers("v", v.len(), &rows.v, hk, tk, dv);
+    covers("out", out.len(), &rows.out, h, tq, dv);
     assert!(
         rows.out.rows_disjoint(b, h, tq, dv),
         "sdpa: output rows {:?} overlap",
@@ -931,6 +944,7 @@ mod tests {
         let SdpaShape {
             b,
             h,
+            hk,
             tq,
             tk,
             d,
@@ -941,13 +955,14 @@ mod tests {
         for bi in 0..b {
             for hi in 0..h {
                 let bh = bi * h + hi;
+                let bkv = bi * hk + hi / (h / hk); // the key/value head query head hi reads
                 for i in 0..tq {
                     let scores: Vec<f64> = (0..tk)
                         .map(|j| {
                             let dot: f64 = (0..d)
                                 .map(|t| {
                                     q[(bh * tq + i) * d + t] as f64
-                                        * k[(bh * tk + j) * d + t] as f64
+                                        * k[(bkv * tk + j) * d + t] as f64
                                 })
                                 .sum();
                             let mut sc = dot * scale as f64;
@@ -980,7 +995,7 @@ mod tests {
                     lse[bh * tq + i] = mx + sum.ln();
                     for c in 0..dv {
                         let acc: f64 = (0..tk)
-                            .map(|j| p[j] * v[(bh * tk + j) * dv + c] as f64)
+                            .map(|j| p[j] * v[(bkv * tk + j) * dv + c] as f64)
                             .sum();
                         out[(bh * tq + i) * dv + c] = acc / sum;
                     }
@@ -992,8 +1007,8 @@ mod tests {
 
     fn check(s: SdpaShape, mask: Option<AttnMask<'_>>, causal: bool) -> (Vec<f32>, Vec<f32>) {
         let q = data(s.b * s.h * s.tq * s.d, 1 + s.tq as u64);
-        let k = data(s.b * s.h * s.tk * s.d, 2 + s.tk as u64);
-        let v = data(s.b * s.h * s.tk * s.dv, 3 + s.dv as u64);
+        let k = data(s.b * s.hk * s.tk * s.d, 2 + s.tk as u64);
+        let v = data(s.b * s.hk * s.tk * s.dv, 3 + s.dv as u64);
         // a large scale makes the softmax peaky, which exercises the running-max rescaling
         let scale = 3.0 / (s.d.max(1) as f32).sqrt();
         let mut out = vec![f32::NAN; s.b * s.h * s.tq * s.dv];
@@ -1030,26 +1045,26 @@ mod tests {
         // and the same through strided rows: each input's rows spread out [b, t, h, width + 3]-wise
         // with NaN in the gaps (a read of one would poison the output), the output written as
         // [b, tq, h, dv]
-        let spread = |x: &[f32], t: usize, w: usize| {
+        let spread = |x: &[f32], heads: usize, t: usize, w: usize| {
             let pitch = w + 3;
             let rows = HeadRows {
-                batch: t * s.h * pitch,
+                batch: t * heads * pitch,
                 head: pitch,
-                row: s.h * pitch,
+                row: heads * pitch,
             };
-            let mut buf = vec![f32::NAN; s.b * t * s.h * pitch];
-            for bh in 0..s.b * s.h {
+            let mut buf = vec![f32::NAN; s.b * t * heads * pitch];
+            for bh in 0..s.b * heads {
                 for ti in 0..t {
-                    let at = rows.at(bh / s.h, bh % s.h, ti);
+                    let at = rows.at(bh / heads, bh % heads, ti);
                     buf[at..at + w].copy_from_slice(&x[(bh * t + ti) * w..][..w]);
                 }
             }
             (buf, rows)
         };
         let ((qs, q_rows), (ks, k_rows), (vs, v_rows)) = (
-            spread(&q, s.tq, s.d),
-            spread(&k, s.tk, s.d),
-            spread(&v, s.tk, s.dv),
+            spread(&q, s.h, s.tq, s.d),
+            spread(&k, s.hk, s.tk, s.d),
+            spread(&v, s.hk, s.tk, s.dv),
         );
         let out_rows = HeadRows {
             batch: s.tq * s.h * s.dv,
@@ -1085,11 +1100,61 @@ mod tests {
         SdpaShape {
             b,
             h,
+            hk: h,
             tq,
             tk,
             d,
             dv,
         }
+    }
+
+    #[test]
+    fn grouped_query_heads() {
+        // query head i reads key/value head i / (h / hk): pairs, fours, one shared head
+        for (h, hk) in [(4, 2), (8, 2), (3, 1), (6, 3)] {
+            for causal in [false, true] {
+                let s = SdpaShape {
+                    hk,
+                    ..shape(2, h, 33, 70, 16, 24)
+                };
+                check(s, None, causal);
+            }
+        }
+        let (h, hk, tq, tk) = (4, 2, 5, 9);
+        let bias = data(h * tq * tk, 11);
+        let m = AttnMask::Additive {
+            data: &bias,
+            strides: [0, tq * tk, tk, 1],
+        };
+        check(
+            SdpaShape {
+                hk,
+                ..shape(2, h, tq, tk, 16, 16)
+            },
+            Some(m),
+            true,
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "do not split")]
+    fn kv_heads_must_divide_query_heads() {
+        let s = SdpaShape {
+            hk: 2,
+            ..shape(1, 3, 2, 2, 4, 4)
+        };
+        let n = s.b * s.h * s.tq * s.d;
+        sdpa_f32(
+            &s,
+            &vec![0.0; n],
+            &vec![0.0; 2 * 2 * 4],
+            &vec![0.0; 2 * 2 * 4],
+            None,
+            false,
+            1.0,
+            &mut vec![0.0; n],
+            None,
+        );
     }
 
     #[test]

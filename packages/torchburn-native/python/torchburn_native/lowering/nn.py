@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from torchburn.attention_shapes import grouped_heads
+
 from ..planner import Planner
 from ..values import FLOAT_DTYPES, Lazy, Tensorish, Value, contiguous_strides, domain_of, numel
 from . import linalg, lower
@@ -327,11 +329,14 @@ def _sdpa_check(node: Any) -> bool | str:
     args = node.args
     if len(args) > 3 and args[3]:
         return "dropout in attention not supported"
-    q = node.inputs[0]
-    if q is None or q.rank != 4:
+    q, k, v = node.inputs[:3]
+    if q is None or k is None or v is None or not q.rank == k.rank == v.rank == 4:
         return "attention needs 4-D q/k/v"
-    if q.dtype != torch.float32:
+    if any(t.dtype != torch.float32 for t in (q, k, v)):
         return "attention runs in float32 only"
+    heads = grouped_heads(q.shape, k.shape, v.shape)
+    if isinstance(heads, str):
+        return heads
     mask = node.kwargs.get("attn_mask")
     if mask is not None and mask.meta["val"].dtype not in (torch.float32, torch.bool):
         return "attention mask must be float32 or bool"

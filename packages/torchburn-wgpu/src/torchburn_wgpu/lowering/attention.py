@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from torchburn.attention_shapes import grouped_heads
+
 from ..kernels import Launch, f32_bits, grid, params
 from ..planner import INDEX, Expr, Lazy, PlanError, Planner
 from ..shaders import source
@@ -36,6 +38,9 @@ def _sdpa_check(spec: Any) -> bool | str:
         return "attention needs 4-d q, k and v"
     if any(t.dtype != torch.float32 for t in (q, k, v)):
         return "attention in other than float32"
+    heads = grouped_heads(q.shape, k.shape, v.shape)
+    if isinstance(heads, str):
+        return heads
     widths = [d for d in (q.shape[3], v.shape[3]) if isinstance(d, int)]  # symbolic: checked when planned
     if any(d > MAX_HEAD for d in widths):
         return f"attention heads wider than {MAX_HEAD}"
@@ -55,7 +60,11 @@ def _sdpa(p: Planner, node: FxNode, args: list[Any], out: Any) -> tuple[Value, V
     s, ev = k.shape[2], v.shape[3]
     if e > MAX_HEAD or ev > MAX_HEAD:
         raise PlanError(f"attention heads wider than {MAX_HEAD}")
+    group = grouped_heads(q.shape, k.shape, v.shape)
+    if isinstance(group, str):
+        raise PlanError(group)
     if b * h * length * s <= SCORES_IN_MEMORY and not _lse_used(node):
+        k, v = _repeat_heads(p, k, group), _repeat_heads(p, v, group)
         return _unfused(p, q, k, v, causal, p.kwargs.get("attn_mask"), scale), p.new_value(
             torch.float32, (b, h, length)
         )
@@ -76,6 +85,7 @@ def _sdpa(p: Planner, node: FxNode, args: list[Any], out: Any) -> tuple[Value, V
         mask_bool = mask.dtype == torch.bool
     else:
         words += [0, 0, 0, 0, 0]
+    words.append(group)  # query heads per key/value head
     code = source("attention", MASK_TYPE="u32" if mask_bool else "f32", MASK_BOOL="true" if mask_bool else "false")
     slots = [result.slot, lse.slot, q.slot, k.slot, v.slot, mask_slot]
     p.launches.append(Launch("attention", code, slots, params(words), grid(b * h * length), writes=2))
@@ -86,6 +96,16 @@ def _lse_used(node: FxNode) -> bool:
     """Whether anything reads the op's second output (the log-sum-exp), which only the fused kernel
     computes (inference graphs drop it)."""
     return any(user.args[1] != 0 for user in node.users if user.target is operator.getitem)
+
+
+def _repeat_heads(p: Planner, x: Value, group: int) -> Value:
+    """k or v [B, HK, S, D] with each head repeated ``group`` times: [B, HK·group, S, D] (a copy when
+    grouped; the batched products need one head per query head)."""
+    if group == 1:
+        return x
+    b, hk, s, d = x.shape
+    expanded = p.dense(x.with_layout(x.meta().unsqueeze(2).expand(b, hk, group, s, d)))
+    return expanded.with_layout(expanded.meta().view(b, hk * group, s, d))
 
 
 def _batched(p: Planner, x: Value) -> Value:

@@ -7,8 +7,10 @@
 // - a row whose every key is masked gives zeros and a log-sum-exp of 0, as PyTorch's does;
 // - NaN in q, k, v or the mask propagates to the row.
 //
+// - grouped-query attention: k and v have H / group heads; query head h reads head h / group.
+//
 // params: [B, H, L, S, E, EV, causal, has_mask, scale_bits,
-//          q_off, q strides[4], k_off, k strides[4], v_off, v strides[4], m_off, m strides[4]]
+//          q_off, q strides[4], k_off, k strides[4], v_off, v strides[4], m_off, m strides[4], group]
 
 {{MATH}}
 
@@ -67,6 +69,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
     let i = row % L;
     let h = (row / L) % H;
     let b = row / (L * H);
+    let kh = h / params[29u];  // the key/value head this query head reads
     for (var e = lid; e < E; e += WG) {
         q_row[e] = q[at(9u, b, h, i, e)];
     }
@@ -83,7 +86,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
             let j = j0 + jj;
             var dot = 0.0;
             for (var e = 0u; e < E; e++) {
-                dot = fma(q_row[e], k[at(14u, b, h, j, e)], dot);
+                dot = fma(q_row[e], k[at(14u, b, kh, j, e)], dot);
             }
             var s = scale * dot;
             if (has_mask) {
@@ -115,10 +118,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: v
         for (var jj = 0u; jj < n; jj++) {
             let p = scores[jj];
             if (lid < EV) {
-                acc0 = fma(p, v[at(19u, b, h, j0 + jj, lid)], acc0);
+                acc0 = fma(p, v[at(19u, b, kh, j0 + jj, lid)], acc0);
             }
             if (lid + WG < EV) {
-                acc1 = fma(p, v[at(19u, b, h, j0 + jj, lid + WG)], acc1);
+                acc1 = fma(p, v[at(19u, b, kh, j0 + jj, lid + WG)], acc1);
             }
         }
         m = m_new;
