@@ -6,11 +6,14 @@ node by node and ``torchburn ops`` prints it. Ops are keyed by ``OpOverload`` ob
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from . import arguments
 
 if TYPE_CHECKING:
     from .engines.base import NodeSpec
@@ -24,7 +27,12 @@ ALL_DTYPES = FLOATING | INTEGRAL | {torch.bool}
 
 @dataclass(frozen=True)
 class OpSupport:
-    """What an engine supports of one op. ``dtypes=None`` means any dtype."""
+    """What an engine supports of one op. ``dtypes=None`` means any dtype.
+
+    With ``lowering`` given, the arguments the lowering (or ``check``) reads are found in their source
+    (see :mod:`torchburn.arguments`), plus those named in ``reads`` (honoured another way, such as
+    through the output's shape); a node that sets any other argument to a non-default value is
+    declined, so an argument is never silently ignored."""
 
     op: Any  # torch._ops.OpOverload
     family: str
@@ -32,6 +40,21 @@ class OpSupport:
     max_rank: int | None = None
     contiguous_only: bool = False
     check: Check | None = None  # extra condition on args (e.g. only dim=-1)
+    lowering: Callable[..., Any] | None = None
+    convention: str = "bound"  # how the lowering takes arguments (see torchburn.arguments)
+    reads: frozenset[str] = frozenset()
+
+    @functools.cached_property
+    def arguments_read(self) -> frozenset[str] | None:
+        """The op's arguments this engine honours; None when not known (every one is then assumed)."""
+        if self.lowering is None:
+            return None
+        found = arguments.arguments_read(self.lowering, self.op, self.convention)
+        if found is None:
+            return None
+        if self.check is not None:
+            found |= arguments.check_reads(self.check, self.op)
+        return found | self.reads | arguments.TENSOR_OPTIONS
 
     def accepts(self, node: NodeSpec) -> bool | str:
         specs = [s for s in (*node.inputs, *node.outputs) if s is not None]
@@ -43,6 +66,12 @@ class OpSupport:
             return f"rank above {self.max_rank} not supported"
         if self.contiguous_only and not all(s.is_contiguous for s in node.tensor_inputs):
             return "non-contiguous input not supported"
+        read = self.arguments_read
+        if read is not None:
+            unread = arguments.unread_values(tuple(node.args), node.kwargs, self.op, read)
+            unread += arguments.tensor_option_problems(node.kwargs)
+            if unread:
+                return f"argument {', '.join(unread)} not supported"
         if self.check is not None:
             return self.check(node)
         return True
@@ -77,15 +106,27 @@ class OpRegistry:
         max_rank: int | None = None,
         contiguous_only: bool = False,
         check: Check | None = None,
+        lowering: Callable[..., Any] | None = None,
+        convention: str = "bound",
+        reads: Iterable[str] = (),
     ) -> None:
+        """Register ``ops``. Engines pass their ``lowering`` (and its calling ``convention``) so that the
+        registry declines arguments it does not read; ``reads`` names arguments honoured another way."""
         overloads = [ops] if isinstance(ops, torch._ops.OpOverload) else list(ops)
+        named = {a.name for op in overloads if isinstance(op, torch._ops.OpOverload) for a in op._schema.arguments}
+        unknown = sorted(set(reads) - named)
+        if unknown:
+            raise ValueError(f"no op of {overloads} has an argument {', '.join(unknown)}")
         for op in overloads:
             if not isinstance(op, torch._ops.OpOverload):
                 raise TypeError(f"register OpOverload objects such as torch.ops.aten.add.Tensor; got {op!r}")
             if op in self._entries:
                 raise ValueError(f"{op} is registered twice for engine {self.engine!r}")
             frozen = frozenset(dtypes) if dtypes is not None else None
-            self._entries[op] = OpSupport(op, family, frozen, max_rank, contiguous_only, check)
+            names = {a.name for a in op._schema.arguments}
+            self._entries[op] = OpSupport(
+                op, family, frozen, max_rank, contiguous_only, check, lowering, convention, frozenset(reads) & names
+            )
 
     def add_rule(self, description: str, predicate: Callable[[Any], bool]) -> None:
         self._rules.append(OpFamilyRule(description, predicate))
@@ -97,6 +138,13 @@ class OpRegistry:
         if any(rule.predicate(node.target) for rule in self._rules):
             return True
         return "op not implemented"
+
+    def entry(self, op: Any) -> OpSupport | None:
+        """What the engine registered for ``op`` (None for ops only a rule covers, or none)."""
+        return self._entries.get(op)
+
+    def entries(self) -> list[OpSupport]:
+        return list(self._entries.values())
 
     def __contains__(self, op: object) -> bool:
         return op in self._entries or any(rule.predicate(op) for rule in self._rules)

@@ -28,10 +28,15 @@ def lower(
     family: str,
     dtypes: Iterable[torch.dtype] | None = None,
     check: Check | None = None,
+    reads: Iterable[str] = (),
 ) -> Callable[[F], F]:
+    """Register ``fn(p, node, *args, **kwargs)`` as the lowering of ``ops``. The registry declines a
+    node that sets an argument ``fn`` (or ``check``) never reads; ``reads`` names those honoured
+    another way (through the output's shape, say), each with a comment saying how."""
+
     def register(fn: F) -> F:
         for op in ops:
-            OPS.add(op, family=family, dtypes=dtypes, check=check)
+            OPS.add(op, family=family, dtypes=dtypes, check=check, lowering=fn, convention="bound", reads=reads)
             LOWERINGS[op] = fn
         return fn
 

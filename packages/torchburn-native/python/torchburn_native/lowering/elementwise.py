@@ -470,17 +470,22 @@ def full(p: Planner, node: Any, size: Any, value: Any, **kwargs: Any) -> Lazy:
     return _full(p, size, value)
 
 
-@lower(aten.full_like.default, family="constant", dtypes=ANY, check=_cpu_only)
+# ``self`` gives only the output's shape and dtype, which the output's meta carries
+@lower(aten.full_like.default, family="constant", dtypes=ANY, check=_cpu_only, reads=("self",))
 def full_like(p: Planner, node: Any, x: Any, value: Any, **kwargs: Any) -> Lazy:
     return _full(p, None, value)
 
 
-@lower(aten.zeros_like.default, aten.empty_like.default, family="constant", dtypes=ANY, check=_cpu_only)
+# ``self`` gives only the output's shape and dtype, which the output's meta carries
+@lower(
+    aten.zeros_like.default, aten.empty_like.default, family="constant", dtypes=ANY, check=_cpu_only, reads=("self",)
+)
 def zeros_like(p: Planner, node: Any, x: Any, **kwargs: Any) -> Lazy:
     return _full(p, None, 0)
 
 
-@lower(aten.ones_like.default, family="constant", dtypes=ANY, check=_cpu_only)
+# ``self`` gives only the output's shape and dtype, which the output's meta carries
+@lower(aten.ones_like.default, family="constant", dtypes=ANY, check=_cpu_only, reads=("self",))
 def ones_like(p: Planner, node: Any, x: Any, **kwargs: Any) -> Lazy:
     return _full(p, None, 1)
 
@@ -495,17 +500,20 @@ def ones(p: Planner, node: Any, size: Any, **kwargs: Any) -> Lazy:
     return _full(p, size, 1)
 
 
-@lower(aten.new_zeros.default, aten.new_empty.default, family="constant", dtypes=ANY, check=_cpu_only)
+# ``self`` gives only the output's shape and dtype, which the output's meta carries
+@lower(aten.new_zeros.default, aten.new_empty.default, family="constant", dtypes=ANY, check=_cpu_only, reads=("self",))
 def new_zeros(p: Planner, node: Any, x: Any, size: Any, **kwargs: Any) -> Lazy:
     return _full(p, size, 0)
 
 
-@lower(aten.new_ones.default, family="constant", dtypes=ANY, check=_cpu_only)
+# ``self`` gives only the output's shape and dtype, which the output's meta carries
+@lower(aten.new_ones.default, family="constant", dtypes=ANY, check=_cpu_only, reads=("self",))
 def new_ones(p: Planner, node: Any, x: Any, size: Any, **kwargs: Any) -> Lazy:
     return _full(p, size, 1)
 
 
-@lower(aten.new_full.default, family="constant", dtypes=ANY, check=_cpu_only)
+# ``self`` gives only the output's shape and dtype, which the output's meta carries
+@lower(aten.new_full.default, family="constant", dtypes=ANY, check=_cpu_only, reads=("self",))
 def new_full(p: Planner, node: Any, x: Any, size: Any, value: Any, **kwargs: Any) -> Lazy:
     return _full(p, size, value)
 
@@ -515,7 +523,8 @@ def scalar_tensor(p: Planner, node: Any, value: Any, **kwargs: Any) -> Lazy:
     return _full(p, (), value)
 
 
-@lower(aten.fill.Scalar, family="constant", dtypes=ANY)
+# ``self`` gives only the output's shape and dtype, which the output's meta carries
+@lower(aten.fill.Scalar, family="constant", dtypes=ANY, reads=("self",))
 def fill(p: Planner, node: Any, x: Any, value: Any) -> Lazy:
     return _full(p, None, value)
 

@@ -46,6 +46,7 @@ def _index_select(p: Planner, x: Tensorish, dim: int, idx: Tensorish) -> Value:
 @lower(
     aten.embedding.default,
     family="indexing",
+    reads=("padding_idx", "scale_grad_by_freq", "sparse"),  # they change only the gradient
     check=lambda n: (
         True if n.inputs[1] and n.inputs[1].dtype in INDEX_DTYPES else "embedding indices must be int32/int64"
     ),
@@ -79,7 +80,8 @@ def index_select(p: Planner, node: Any, x: Tensorish, dim: int, idx: Tensorish) 
     return _index_select(p, x, dim, idx)
 
 
-@lower(aten.gather.default, family="indexing")
+# sparse_grad changes only the gradient's layout
+@lower(aten.gather.default, family="indexing", reads=("sparse_grad",))
 def gather(p: Planner, node: Any, x: Tensorish, dim: int, idx: Tensorish, sparse_grad: bool = False) -> Value:
     xv = p.value(x)
     iv = p.value(idx)

@@ -59,12 +59,16 @@ def _softmax(p: Planner, x: Tensorish, dim: int, log: bool) -> Tensorish:
     return _narrow(p, out, meta.dtype)
 
 
-@lower(aten._softmax.default, family="softmax", dtypes=FLOAT_DTYPES)
+def _no_half_to_float(node: Any) -> bool | str:
+    return "softmax with half_to_float" if node.args[2] else True
+
+
+@lower(aten._softmax.default, family="softmax", dtypes=FLOAT_DTYPES, check=_no_half_to_float)
 def softmax(p: Planner, node: Any, x: Tensorish, dim: int, half_to_float: bool) -> Tensorish:
     return _softmax(p, x, dim, False)
 
 
-@lower(aten._log_softmax.default, family="softmax", dtypes=FLOAT_DTYPES)
+@lower(aten._log_softmax.default, family="softmax", dtypes=FLOAT_DTYPES, check=_no_half_to_float)
 def log_softmax(p: Planner, node: Any, x: Tensorish, dim: int, half_to_float: bool) -> Tensorish:
     return _softmax(p, x, dim, True)
 
@@ -294,7 +298,10 @@ def _bn_check(node: Any) -> bool | str:
     return True
 
 
-@lower(aten._native_batch_norm_legit_no_training.default, family="normalization", dtypes=FLOAT_DTYPES)
+# momentum only updates the running statistics, which inference leaves alone (training is declined)
+@lower(
+    aten._native_batch_norm_legit_no_training.default, family="normalization", dtypes=FLOAT_DTYPES, reads=("momentum",)
+)
 def batch_norm_no_training(
     p: Planner,
     node: Any,
@@ -309,7 +316,9 @@ def batch_norm_no_training(
     return _batch_norm_eval(p, node, x, weight, bias, mean, var, eps)
 
 
-@lower(aten.native_batch_norm.default, family="normalization", dtypes=FLOAT_DTYPES, check=_bn_check)
+@lower(
+    aten.native_batch_norm.default, family="normalization", dtypes=FLOAT_DTYPES, check=_bn_check, reads=("momentum",)
+)
 def native_batch_norm(
     p: Planner,
     node: Any,
@@ -429,7 +438,8 @@ def _pool_input_dtype(node: Any) -> bool | str:
     return True
 
 
-@lower(aten.max_pool2d_with_indices.default, family="pooling", check=_pool_input_dtype)
+# ceil_mode: through the output's shape; the kernel clips windows at the input's edge
+@lower(aten.max_pool2d_with_indices.default, family="pooling", check=_pool_input_dtype, reads=("ceil_mode",))
 def max_pool2d(
     p: Planner,
     node: Any,
@@ -465,7 +475,8 @@ def max_pool2d(
     return out, idx
 
 
-@lower(aten.avg_pool2d.default, family="pooling", dtypes={torch.float32, torch.float64})
+# ceil_mode: through the output's shape; the kernel clips windows (and their divisor) at the edge
+@lower(aten.avg_pool2d.default, family="pooling", dtypes={torch.float32, torch.float64}, reads=("ceil_mode",))
 def avg_pool2d(
     p: Planner,
     node: Any,
@@ -504,6 +515,7 @@ def avg_pool2d(
     aten.adaptive_avg_pool2d.default,
     family="pooling",
     dtypes={torch.float32, torch.float64},
+    reads=("output_size",),  # the output's shape
 )
 def adaptive_avg_pool2d(p: Planner, node: Any, x: Tensorish, output_size: list[int]) -> Value:
     meta = p.out_meta()

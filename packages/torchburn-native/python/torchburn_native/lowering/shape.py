@@ -70,7 +70,8 @@ VIEW_OPS = [
 for _op in dict.fromkeys(VIEW_OPS):
     if _op is aten.view_as_real.default:
         continue
-    lower(_op, family="view", dtypes=ANY)(_view_op(_op))
+    # expand's ``implicit`` only records how the expand came about
+    lower(_op, family="view", dtypes=ANY, reads=("implicit",) if _op is aten.expand.default else ())(_view_op(_op))
 
 
 @lower(aten.cat.default, family="copy", dtypes=ANY)

@@ -39,13 +39,20 @@ ALL = ANY | FLOATS
 
 
 def lower(
-    ops: Any | Iterable[Any], *, family: str, dtypes: frozenset[torch.dtype] = F32, check: Any = None
+    ops: Any | Iterable[Any],
+    *,
+    family: str,
+    dtypes: frozenset[torch.dtype] = F32,
+    check: Any = None,
+    reads: Iterable[str] = (),
 ) -> Callable[[LoweringFn], LoweringFn]:
-    """Registers ``fn`` as the lowering of ``ops`` and enters them in the engine's op table."""
+    """Registers ``fn(p, node, args, out)`` as the lowering of ``ops`` and enters them in the engine's
+    op table. The table declines a node that sets an argument ``fn`` (or ``check``) never reads;
+    ``reads`` names those honoured another way (through the output's shape, say)."""
     overloads = [ops] if isinstance(ops, torch._ops.OpOverload) else list(ops)
 
     def register(fn: LoweringFn) -> LoweringFn:
-        OPS.add(overloads, family=family, dtypes=dtypes, check=check)
+        OPS.add(overloads, family=family, dtypes=dtypes, check=check, lowering=fn, convention="list", reads=reads)
         for op in overloads:
             LOWERINGS[op] = fn
         return fn

@@ -282,7 +282,8 @@ def _copy_of(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     return expression(p, "{0}", [args[0]], out, compute=kind_of(args[0]))
 
 
-@lower(aten.copy.default, family="elementwise", dtypes=ALL)
+# ``self`` gives only the output's shape and dtype, which the output's meta carries
+@lower(aten.copy.default, family="elementwise", dtypes=ALL, reads=("self",))
 def _copy(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     return expression(p, "{0}", [args[1]], out, compute=kind_of(args[1]))
 
@@ -304,7 +305,8 @@ def _full(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     return expression(p, "{0}", [value], out)
 
 
-@lower(aten.arange.start_step, family="elementwise", dtypes=NUMERIC, check=_stays_here)
+# ``end`` sets the output's length, which its meta carries
+@lower(aten.arange.start_step, family="elementwise", dtypes=NUMERIC, check=_stays_here, reads=("end",))
 def _arange(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     start = args[0]
     step = args[2] if len(args) > 2 else node.kwargs.get("step", 1)
@@ -315,7 +317,8 @@ def _arange(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     return Lazy(Expr(compute, "({0} + {1} * {2})", (first, delta, index)), out.dtype, shape)
 
 
-@lower(aten._native_batch_norm_legit_no_training.default, family="norm")
+# momentum only updates the running statistics, which inference leaves alone
+@lower(aten._native_batch_norm_legit_no_training.default, family="norm", reads=("momentum",))
 def _batch_norm(p: Planner, node: FxNode, args: list[Any], out: Any) -> tuple[Lazy, Value, Value]:
     """Inference batch norm is a per-channel scale and shift: an expression, fused with its neighbours
     (a following ReLU, a residual add) into one sweep."""

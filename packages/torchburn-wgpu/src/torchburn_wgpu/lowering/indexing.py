@@ -50,7 +50,8 @@ def _index_value(p: Planner, x: Any) -> Value:
     return v
 
 
-@lower(aten.embedding.default, family="indexing", dtypes=ANY)
+# padding_idx, scale_grad_by_freq and sparse change only the gradient
+@lower(aten.embedding.default, family="indexing", dtypes=ANY, reads=("padding_idx", "scale_grad_by_freq", "sparse"))
 def _embedding(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
     weight, ids = p.materialize(args[0]), _index_value(p, args[1])
     result = p.new_value(weight.dtype, shape_of(out))
@@ -157,7 +158,7 @@ def _index_many(p: Planner, x: Value, given: list[tuple[int, Value]], out: Any) 
     return result
 
 
-@lower(aten.gather.default, family="indexing", dtypes=ANY)
+@lower(aten.gather.default, family="indexing", dtypes=ANY, reads=("sparse_grad",))  # gradient layout only
 def _gather(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
     x, idx = p.materialize(args[0]), _index_value(p, args[2])
     dim = args[1] % max(x.rank, 1)

@@ -57,11 +57,13 @@ def _pool_check(spec: Any) -> bool | str:
     return True if x is not None and x.rank in (3, 4) else "pooling of other than 2-d images"
 
 
+# ceil_mode: through the output's shape; the kernel clips windows (and their divisor) at the edge
 @lower(
     aten.max_pool2d_with_indices.default,
     family="pooling",
     dtypes=frozenset({torch.float32, torch.int64}),
     check=_pool_check,
+    reads=("ceil_mode",),
 )
 def _max_pool(p: Planner, node: FxNode, args: list[Any], out: Any) -> tuple[Value, Value]:
     x = p.materialize(args[0])
@@ -72,7 +74,7 @@ def _max_pool(p: Planner, node: FxNode, args: list[Any], out: Any) -> tuple[Valu
     return _pool(p, x, shape_of(out[0]), kernel, stride, padding, dilation, True, False, 0)
 
 
-@lower(aten.avg_pool2d.default, family="pooling", check=_pool_check)
+@lower(aten.avg_pool2d.default, family="pooling", check=_pool_check, reads=("ceil_mode",))
 def _avg_pool(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
     x = p.materialize(args[0])
     kernel = _pair(args[1], [])

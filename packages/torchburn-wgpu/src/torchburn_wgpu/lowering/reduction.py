@@ -85,7 +85,7 @@ def _var_check(spec: Any) -> bool | str:
     return True if x is not None and x.dtype == torch.float32 else "variance of a non-float32 tensor"
 
 
-@lower(aten.var.correction, family="reduce", check=_var_check)
+@lower(aten.var.correction, family="reduce", check=_var_check, reads=("keepdim",))  # through the output's shape
 def _var(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     """Two passes, as PyTorch does: the mean, then the mean square deviation from it (no cancellation)."""
     x = p.materialize(args[0])
@@ -107,7 +107,11 @@ def _var(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     )
 
 
-@lower([aten._softmax.default, aten._log_softmax.default], family="softmax")
+def _no_half_to_float(spec: Any) -> bool | str:
+    return "softmax with half_to_float" if spec.args[2] else True
+
+
+@lower([aten._softmax.default, aten._log_softmax.default], family="softmax", check=_no_half_to_float)
 def _softmax(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
     return softmax(p, p.materialize(args[0]), args[1], log=node.target == aten._log_softmax.default)
 

@@ -83,7 +83,7 @@ def _reshaped(lazy: Lazy, node: FxNode, args: list[Any]) -> Lazy | None:
         return None
 
 
-@lower(VIEWS, family="view", dtypes=ALL)
+@lower(VIEWS, family="view", dtypes=ALL, reads=("implicit",))  # expand's implicit only says how it came about
 def _view(p: Planner, node: FxNode, args: list[Any], out: Any) -> Any:
     if isinstance(args[0], Lazy) and node.target in ORDER_KEEPING:
         reshaped = _reshaped(args[0], node, args)
