@@ -1,51 +1,81 @@
 """Chat templates (Jinja2, as the tokenizer files ship them) rendered in a sandbox: a template can
-format messages but not reach Python objects, files or the network."""
+format messages but not reach Python objects, files or the network, and it renders under limits on
+time, size and depth (see :mod:`template_sandbox`): one that loops forever, builds a huge string or
+recurses is a :class:`ChatTemplateError` naming the limit."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelLoadError
+from . import files
+from .errors import ChatTemplateError
+from .template_sandbox import BoundedEnvironment, TemplateLimits
+
+
+class _Refusal(ValueError):
+    """The template's own ``raise_exception``: it refuses the messages (a request error, not a bad model)."""
 
 
 def from_folder(folder: Path) -> str | None:
     """``chat_template.jinja``, else ``tokenizer_config.json``'s ``chat_template`` (a string, or the
     one named "default" in a list of named templates)."""
     jinja = folder / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
+    if files.present(jinja):
+        return files.read_text(jinja, folder, files.MAX_TEMPLATE_BYTES)
     config = folder / "tokenizer_config.json"
-    if not config.is_file():
+    if not files.present(config):
         return None
-    try:
-        template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
-    except (OSError, ValueError, AttributeError) as exc:
-        raise ModelLoadError(f"{config} is not valid JSON: {exc}") from exc
+    template = files.read_json_object(config, folder).get("chat_template")
     if isinstance(template, list):
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default")
     return template if isinstance(template, str) else None
 
 
-def render(template: str, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True, **extra: Any) -> str:
-    from jinja2 import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
+def render(
+    template: str,
+    messages: Sequence[dict[str, str]],
+    add_generation_prompt: bool = True,
+    limits: TemplateLimits | None = None,
+    **extra: Any,
+) -> str:
+    """The prompt ``template`` makes of ``messages``, rendered under ``limits`` (the defaults, with room
+    for the messages' length)."""
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise ValueError(f"message {i} must be a dict with string 'role' and 'content', got {m!r}")
+    given = sum(len(m["role"]) + len(m["content"]) for m in messages)
+    limits = (limits or TemplateLimits()).for_input(given + sum(len(v) for v in extra.values() if isinstance(v, str)))
+    if len(template) > limits.source:
+        raise ChatTemplateError(
+            f"the chat template hit its length limit: it is {len(template):,} characters long "
+            f"(at most {limits.source:,})"
+        )
 
     def raise_exception(message: str) -> None:
-        raise ValueError(f"the chat template refused the messages: {message}")
+        raise _Refusal(f"the chat template refused the messages: {message}")
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = BoundedEnvironment(limits, trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = raise_exception
     try:
-        return env.from_string(template).render(
-            messages=list(messages), add_generation_prompt=add_generation_prompt, **extra
-        )
-    except TemplateError as exc:
-        raise ValueError(f"the chat template failed: {exc}") from exc
+        out: list[str] = []
+        written = 0
+        compiled = env.from_string(template)
+        for piece in compiled.generate(messages=list(messages), add_generation_prompt=add_generation_prompt, **extra):
+            written += len(piece)
+            if written > limits.chars:
+                raise env.fail("output", f"it writes more than {limits.chars:,} characters")
+            env.check_time()
+            out.append(piece)
+        return "".join(out)
+    except (ChatTemplateError, _Refusal):
+        raise
+    except RecursionError:
+        raise ChatTemplateError("the chat template hit its depth limit: it nests too deeply to render") from None
+    except MemoryError:
+        raise ChatTemplateError("the chat template hit its size limit: rendering ran out of memory") from None
+    except Exception as exc:  # a template's error (syntax, undefined value, 1/0, ...) is the model's
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        raise ChatTemplateError(f"the chat template failed: {message}") from exc
