@@ -8,6 +8,7 @@ they are put back here, so the same forward pass serves both sources.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from .checks import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, real, shown, text, token_id, token_ids, whole
 from .config import ModelConfig, RopeScaling
 from .errors import ModelLoadError
-from .gguf_header import GGUFHeader
+from .gguf_header import GGUFHeader, TensorInfo
 
 # GGUF architecture -> config.json model_type
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -55,13 +57,18 @@ class GGUFCheckpoint:
         self.path = path
         self.header = GGUFHeader(path)
         self.fields = self.header.fields
-        self._tensors = {hf_name(t.name): t for t in self.header.tensors}
+        self._tensors: dict[str, TensorInfo] = {}
+        for t in self.header.tensors:
+            name = hf_name(t.name)
+            if name in self._tensors:  # e.g. "token_embd.weight" and "model.embed_tokens.weight"
+                raise ModelLoadError(f"{path}: tensors {self._tensors[name].name} and {t.name} are both {name}")
+            self._tensors[name] = t
         # GGUF lists dimensions fastest first; torch shapes are the reverse
         self.shapes = {n: tuple(int(d) for d in reversed(t.dims)) for n, t in self._tensors.items()}
         arch = self.field("general.architecture")
         if arch not in ARCHITECTURES:
             raise ModelLoadError(
-                f"{path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(ARCHITECTURES)}"
+                f"{path}: GGUF architecture {shown(arch)} is not supported; supported: {', '.join(ARCHITECTURES)}"
             )
         self.arch = str(arch)
         self.config = self._config()
@@ -70,38 +77,86 @@ class GGUFCheckpoint:
         return self.fields.get(key, default)
 
     def _config(self) -> ModelConfig:
-        a = self.arch
-        heads = int(self.field(f"{a}.attention.head_count"))
-        hidden = int(self.field(f"{a}.embedding_length"))
+        """The metadata as a config, each number checked under its GGUF key as :meth:`ModelConfig.from_dict`
+        checks config.json's."""
+        a, source = self.arch, str(self.path)
+
+        def need(key: str) -> Any:
+            value = self.field(key)
+            if value is None:
+                raise ModelLoadError(f"{source}: required GGUF metadata {key} is missing")
+            return value
+
+        tokens = self.field("tokenizer.ggml.tokens")
+        if self.field(f"{a}.vocab_size") is not None:
+            vocab = whole(self.field(f"{a}.vocab_size"), f"{a}.vocab_size", source, high=MAX_VOCAB)
+        elif isinstance(tokens, list):
+            vocab = whole(len(tokens), "the length of tokenizer.ggml.tokens", source, high=MAX_VOCAB)
+        else:
+            raise ModelLoadError(f"{source}: neither {a}.vocab_size nor tokenizer.ggml.tokens says the vocabulary size")
+        if isinstance(tokens, list) and len(tokens) > vocab:
+            raise ModelLoadError(
+                f"{source}: tokenizer.ggml.tokens lists {len(tokens)} tokens, more than {a}.vocab_size {vocab}"
+            )
+        hidden = whole(need(f"{a}.embedding_length"), f"{a}.embedding_length", source)
+        heads = whole(need(f"{a}.attention.head_count"), f"{a}.attention.head_count", source, high=MAX_HEADS)
+        kv_key = f"{a}.attention.head_count_kv"
+        kv_heads = whole(self.field(kv_key, heads), kv_key, source, high=MAX_HEADS)
+        if heads % kv_heads:
+            raise ModelLoadError(
+                f"{source}: {a}.attention.head_count {heads} does not split into {kv_key} {kv_heads} "
+                "(the KV heads must divide the attention heads)"
+            )
+        head_dim_key = next(
+            (k for k in (f"{a}.attention.key_length", f"{a}.rope.dimension_count") if self.field(k) is not None), None
+        )
+        if head_dim_key is not None:
+            head_dim = whole(self.field(head_dim_key), head_dim_key, source)
+        elif hidden % heads:
+            raise ModelLoadError(
+                f"{source}: {a}.embedding_length {hidden} does not split into {a}.attention.head_count {heads} "
+                f"and there is no {a}.attention.key_length to say the head size"
+            )
+        else:
+            head_dim = hidden // heads
+        if head_dim % 2:
+            raise ModelLoadError(f"{source}: the head size must be even (rotary embeddings turn pairs), got {head_dim}")
         kind = self.field(f"{a}.rope.scaling.type", "none")
         scaling = RopeScaling()
         if kind == "linear":
-            scaling = RopeScaling("linear", factor=float(self.field(f"{a}.rope.scaling.factor")))
-        elif kind not in ("none", None):
-            raise ModelLoadError(f"{self.path}: rope scaling {kind!r} is not supported")
-        eos = self.field("tokenizer.ggml.eos_token_id")
-        vocab = self.field(f"{a}.vocab_size") or len(self.field("tokenizer.ggml.tokens", ()))
+            factor_key = f"{a}.rope.scaling.factor"
+            scaling = RopeScaling("linear", factor=real(need(factor_key), factor_key, source))
+        elif kind != "none":
+            raise ModelLoadError(f"{source}: rope scaling {shown(kind)} is not supported (supported: none, linear)")
         return ModelConfig(
             model_type=ARCHITECTURES[a],
-            vocab_size=int(vocab),
+            vocab_size=vocab,
             hidden_size=hidden,
-            intermediate_size=int(self.field(f"{a}.feed_forward_length")),
-            num_layers=int(self.field(f"{a}.block_count")),
+            intermediate_size=whole(need(f"{a}.feed_forward_length"), f"{a}.feed_forward_length", source),
+            num_layers=whole(need(f"{a}.block_count"), f"{a}.block_count", source, high=MAX_LAYERS),
             num_heads=heads,
-            num_kv_heads=int(self.field(f"{a}.attention.head_count_kv", heads)),
-            head_dim=int(
-                self.field(f"{a}.attention.key_length", 0)
-                or self.field(f"{a}.rope.dimension_count", 0)
-                or hidden // heads
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            max_position=whole(
+                self.field(f"{a}.context_length", 2048), f"{a}.context_length", source, high=MAX_POSITIONS
             ),
-            max_position=int(self.field(f"{a}.context_length", 2048)),
-            rms_eps=float(self.field(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
-            rope_theta=float(self.field(f"{a}.rope.freq_base", 10000.0)),
+            rms_eps=real(
+                self.field(f"{a}.attention.layer_norm_rms_epsilon", 1e-6),
+                f"{a}.attention.layer_norm_rms_epsilon",
+                source,
+                0.0,
+                1.0,
+            ),
+            rope_theta=real(self.field(f"{a}.rope.freq_base", 10000.0), f"{a}.rope.freq_base", source),
             rope_scaling=scaling,
             tie_embeddings="lm_head.weight" not in self._tensors,
             attention_bias=ARCHITECTURES[a] == "llama" and "model.layers.0.self_attn.q_proj.bias" in self._tensors,
-            bos_token_id=self.field("tokenizer.ggml.bos_token_id"),
-            eos_token_ids=() if eos is None else (int(eos),),
+            bos_token_id=token_id(
+                self.field("tokenizer.ggml.bos_token_id"), "tokenizer.ggml.bos_token_id", source, vocab
+            ),
+            eos_token_ids=token_ids(
+                self.field("tokenizer.ggml.eos_token_id"), "tokenizer.ggml.eos_token_id", source, vocab
+            ),
         )
 
     def load(self, names: list[str], progress: Callable[[int, int], None] | None = None) -> dict[str, torch.Tensor]:
@@ -146,11 +201,8 @@ class GGUFCheckpoint:
             block, block_bytes = GGML_QUANT_SIZES[kind]
         except (ValueError, KeyError):
             raise ModelLoadError(f"{self.path}: tensor {t.name} has unknown GGUF type {t.type}") from None
-        row = t.dims[0] if t.dims else 1
-        if row % block:
-            raise ModelLoadError(f"{self.path}: tensor {t.name}'s rows of {row} are not whole blocks of {block}")
-        rows = int(np.prod(t.dims[1:], dtype=np.int64))
-        return kind, self.header.tensor_bytes(t, row // block * block_bytes, rows)
+        # the header checked that rows are whole blocks and that the bytes lie inside the file
+        return kind, self.header.tensor_bytes(t, t.dims[0] // block * block_bytes, math.prod(t.dims[1:]))
 
     def _hf_rows(self, name: str, w: torch.Tensor) -> torch.Tensor:
         """``w``'s rows in Hugging Face order: llama.cpp reorders those of Llama q and k per head."""
@@ -160,7 +212,7 @@ class GGUFCheckpoint:
 
     def chat_template(self) -> str | None:
         template = self.field("tokenizer.chat_template")
-        return None if template is None else str(template)
+        return None if template is None else text(template, "tokenizer.chat_template", str(self.path))
 
 
 def _unpermute_rows(w: torch.Tensor, heads: int) -> torch.Tensor:

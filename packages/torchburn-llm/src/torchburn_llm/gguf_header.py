@@ -8,6 +8,8 @@ package still supplies the quantization types and their dequantizers.
 
 from __future__ import annotations
 
+import itertools
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -26,6 +28,8 @@ SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?
 # value type -> numpy dtype, for arrays of numbers
 NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
 DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_NESTING = 4  # arrays of arrays: GGUF files in use nest at most one deep
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,11 @@ class TensorInfo:
 
 
 class GGUFHeader:
-    """Metadata ``fields`` (key -> str / int / float / bool / list) and ``tensors`` of one GGUF file."""
+    """Metadata ``fields`` (key -> str / int / float / bool / list) and ``tensors`` of one GGUF file.
+
+    Every count, length, dimension and offset is checked against the file's size before it sizes a loop or
+    a read: a header cannot claim more than the file holds. Tensors must be of a known type, have 1 to 4
+    dimensions, lie inside the data section at aligned offsets and not overlap; names and keys are unique."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -59,22 +67,71 @@ class GGUFHeader:
         if version not in VERSIONS:
             raise ModelLoadError(f"{self.path}: GGUF version {version} is not supported (supported: 2, 3)")
         self._pos = 24
+        # the smallest field is a key length, a type and one byte; the smallest tensor entry a name length,
+        # one dimension, a type and an offset
+        self._room(n_fields, 8 + 4 + 1, "metadata fields")
         self.fields: dict[str, Any] = {}
         for _ in range(n_fields):
             key = self._string()
-            self.fields[key] = self._value(self._scalar("<I"))
+            if key in self.fields:
+                raise ValueError(f"metadata key {key!r} appears twice")
+            self.fields[key] = self._value(self._scalar("<I"), 0)
+        self._room(n_tensors, 8 + 4 + 8 + 4 + 8, "tensors")
         self.tensors: list[TensorInfo] = []
         for _ in range(n_tensors):
             name = self._string()
-            (n_dims,) = struct.unpack_from("<I", self._map, self._pos)
-            dims = struct.unpack_from(f"<{n_dims}Q", self._map, self._pos + 4)
-            kind, offset = struct.unpack_from("<IQ", self._map, self._pos + 4 + 8 * n_dims)
-            self._pos += 4 + 8 * n_dims + 12
+            n_dims = self._scalar("<I")
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise ValueError(f"tensor {name!r} has {n_dims} dimensions (GGUF tensors have 1 to {MAX_DIMS})")
+            dims = struct.unpack_from(f"<{n_dims}Q", self._map, self._pos)
+            self._pos += 8 * n_dims
+            kind, offset = self._scalar("<I"), self._scalar("<Q")
             self.tensors.append(TensorInfo(name, tuple(dims), kind, offset))
-        alignment = int(self.fields.get("general.alignment", DEFAULT_ALIGNMENT))
-        if alignment <= 0 or alignment & (alignment - 1):
-            raise ModelLoadError(f"{self.path}: general.alignment {alignment} is not a power of two")
+        alignment = self.fields.get("general.alignment", DEFAULT_ALIGNMENT)
+        if (
+            isinstance(alignment, bool)
+            or not isinstance(alignment, int)
+            or alignment <= 0
+            or alignment & (alignment - 1)
+        ):
+            raise ModelLoadError(f"{self.path}: general.alignment {alignment!r} is not a power of two")
         self.data_start = -(-self._pos // alignment) * alignment
+        self._check_tensors(alignment)
+
+    def _check_tensors(self, alignment: int) -> None:
+        """Each tensor's bytes inside the file, at an aligned offset, apart from every other's."""
+        from gguf import GGML_QUANT_SIZES
+
+        sizes = {int(kind): size for kind, size in GGML_QUANT_SIZES.items()}  # (block, bytes of a block)
+        names: set[str] = set()
+        spans = []
+        for t in self.tensors:
+            if t.name in names:
+                raise ValueError(f"tensor {t.name!r} appears twice")
+            names.add(t.name)
+            if t.type not in sizes:
+                raise ValueError(f"tensor {t.name!r} has unknown GGUF type {t.type}")
+            block, block_bytes = sizes[t.type]
+            if any(d < 1 for d in t.dims):
+                raise ValueError(f"tensor {t.name!r} has a dimension of 0 ({t.dims})")
+            if t.dims[0] % block:
+                raise ValueError(f"tensor {t.name!r}'s rows of {t.dims[0]} are not whole blocks of {block}")
+            if t.offset % alignment:
+                raise ValueError(f"tensor {t.name!r} starts at offset {t.offset}, not a multiple of {alignment}")
+            size = t.dims[0] // block * block_bytes * math.prod(t.dims[1:])
+            if self.data_start + t.offset + size > len(self._map):
+                raise ValueError(f"tensor {t.name!r} runs past the end of the file (truncated?)")
+            spans.append((t.offset, t.offset + size, t.name))
+        spans.sort()
+        for (_, end, first), (start, _, second) in itertools.pairwise(spans):
+            if start < end:
+                raise ValueError(f"tensors {first!r} and {second!r} overlap")
+
+    def _room(self, count: int, least: int, what: str) -> None:
+        """Refuse a count of entries of at least ``least`` bytes each that the rest of the file cannot hold."""
+        left = len(self._map) - self._pos
+        if count * least > left:
+            raise ValueError(f"the header claims {count} {what}, more than the {left} bytes left can hold")
 
     def _scalar(self, fmt: str) -> Any:
         (value,) = struct.unpack_from(fmt, self._map, self._pos)
@@ -89,10 +146,12 @@ class GGUFHeader:
         self._pos = start + length
         return self._map[start : self._pos].decode("utf-8")
 
-    def _value(self, kind: int) -> Any:
+    def _value(self, kind: int, depth: int) -> Any:
         if kind == STRING:
             return self._string()
         if kind == ARRAY:
+            if depth >= MAX_NESTING:
+                raise ValueError(f"arrays nest more than {MAX_NESTING} deep at offset {self._pos}")
             item, count = struct.unpack_from("<IQ", self._map, self._pos)
             self._pos += 12
             if item in NUMPY:
@@ -103,7 +162,8 @@ class GGUFHeader:
                 values = np.frombuffer(self._map, dtype, count, self._pos).tolist()
                 self._pos = end
                 return values
-            return [self._value(item) for _ in range(count)]
+            self._room(count, 8 if item == STRING else 12, "array items")
+            return [self._value(item, depth + 1) for _ in range(count)]
         fmt = SCALARS.get(kind)
         if fmt is None:
             raise ValueError(f"unknown GGUF value type {kind} at offset {self._pos}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import math
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -10,8 +10,9 @@ from typing import Any, TextIO
 
 import torch
 
-from . import chat_template, hub
+from . import chat_template, files, hub
 from .architectures import Architecture
+from .checks import MAX_VOCAB, flag, real, token_ids, whole
 from .config import ModelConfig
 from .default_model import default_model_path
 from .errors import ContextLengthError, ModelLoadError
@@ -21,6 +22,7 @@ from .loader import Progress, load_folder, load_gguf
 from .model import KVCache, Transformer
 from .sampling import Sampler, SamplingParams
 from .streaming import TextStream
+from .tokenizer import check_vocabulary
 from .tokenizer import from_folder as tokenizer_from_folder
 
 
@@ -99,7 +101,9 @@ class LLM:
             return cls(arch, cfg, model, tokenizer, template)
         arch, cfg, model = load_folder(path, progress, quant)
         defaults, eos = _generation_config(path, cfg)
-        return cls(arch, cfg, model, tokenizer_from_folder(path), chat_template.from_folder(path), defaults, eos)
+        tokenizer = tokenizer_from_folder(path)
+        check_vocabulary(tokenizer, cfg.vocab_size, str(path))
+        return cls(arch, cfg, model, tokenizer, chat_template.from_folder(path), defaults, eos)
 
     # --- token level --------------------------------------------------------------------------
 
@@ -146,6 +150,12 @@ class LLM:
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
             raise ModelLoadError("this model has no tokenizer (no tokenizer.json): pass token ids instead")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # lone surrogates: undecodable bytes of a command line or file name
+            raise ValueError(
+                f"the text is not valid Unicode: {exc.reason} at position {exc.start} (undecodable bytes?)"
+            ) from None
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
     def stream(
@@ -236,20 +246,25 @@ class LLM:
 def _generation_config(folder: Path, cfg: ModelConfig) -> tuple[SamplingParams, tuple[int, ...]]:
     """Sampling defaults and EOS ids from ``generation_config.json`` (greedy and the config's EOS without it)."""
     path = folder / "generation_config.json"
-    if not path.is_file():
+    if not files.present(path):
         return SamplingParams(), cfg.eos_token_ids
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path} is not valid JSON: {exc}") from exc
+    raw = files.read_json_object(path, folder)
+    source = str(path)
+
+    def number(key: str, default: float, low: float, high: float = math.inf, above: bool = False) -> float:
+        value = raw.get(key)
+        return default if value is None else real(value, key, source, low, high, above=above)
+
     eos = raw.get("eos_token_id")
-    eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else cfg.eos_token_ids)
-    sampled = bool(raw.get("do_sample", False))
+    eos_ids = cfg.eos_token_ids if eos is None else token_ids(eos, "eos_token_id", source, cfg.vocab_size)
+    if not flag(raw.get("do_sample"), "do_sample", source):
+        return SamplingParams(repetition_penalty=number("repetition_penalty", 1.0, 0.0, above=True)), eos_ids
+    top_k = raw.get("top_k")
     params = SamplingParams(
-        temperature=float(raw.get("temperature", 1.0)) if sampled else 0.0,
-        top_k=int(raw.get("top_k", 0) or 0) if sampled else 0,
-        top_p=float(raw.get("top_p", 1.0) or 1.0) if sampled else 1.0,
-        min_p=float(raw.get("min_p", 0.0) or 0.0) if sampled else 0.0,
-        repetition_penalty=float(raw.get("repetition_penalty", 1.0) or 1.0),
+        temperature=number("temperature", 1.0, 0.0),
+        top_k=0 if top_k is None else whole(top_k, "top_k", source, 0, MAX_VOCAB),
+        top_p=number("top_p", 1.0, 0.0, 1.0, above=True),
+        min_p=number("min_p", 0.0, 0.0, 1.0),
+        repetition_penalty=number("repetition_penalty", 1.0, 0.0, above=True),
     )
-    return params, tuple(int(e) for e in eos_ids)
+    return params, eos_ids

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from . import files
 from .architectures import Architecture, architecture_for
 from .config import ModelConfig
 from .errors import ModelLoadError
@@ -25,9 +26,9 @@ def load_folder(
     if not folder.is_dir():
         raise ModelLoadError(f"{folder} is not a folder")
     config_path = folder / "config.json"
-    if not config_path.is_file():
+    if not files.present(config_path):
         raise ModelLoadError(f"{folder} has no config.json: not a Hugging Face checkpoint folder")
-    cfg = ModelConfig.from_file(config_path)
+    cfg = ModelConfig.from_dict(files.read_json_object(config_path, folder), source=str(config_path))
     arch = architecture_for(cfg.model_type)
     checkpoint = SafetensorsCheckpoint(folder)
     arch.check(cfg, checkpoint.shapes, str(folder))
@@ -48,6 +49,9 @@ def load_gguf(
         raise ModelLoadError(f"{path} is not a file")
     checkpoint = GGUFCheckpoint(path)
     cfg = checkpoint.config
+    tok = tokenizer.from_gguf(checkpoint.fields, str(path))
+    tokenizer.check_vocabulary(tok, cfg.vocab_size, str(path))
+    template = checkpoint.chat_template()
     arch = architecture_for(cfg.model_type)
     arch.check(cfg, checkpoint.shapes, str(path))
     packed = {}
@@ -59,4 +63,4 @@ def load_gguf(
                     packed[name] = weights
     tensors = checkpoint.load([n for n in checkpoint.shapes if n not in packed], progress=progress)
     model = Transformer(arch, cfg, tensors, quant, packed)
-    return arch, cfg, model, (tokenizer.from_gguf(checkpoint.fields, str(path)), checkpoint.chat_template())
+    return arch, cfg, model, (tok, template)

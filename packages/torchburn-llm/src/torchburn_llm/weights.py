@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import torch
 from safetensors import safe_open
 
+from . import files
+from .checks import shown
 from .errors import ModelLoadError
 
 Shape = tuple[int, ...]
@@ -59,18 +60,42 @@ class SafetensorsCheckpoint:
 
 
 def _shard_files(folder: Path) -> list[Path]:
+    """The safetensors files of ``folder``, resolved: those its index names, else every ``*.safetensors``.
+    Each must be a regular file inside the folder (see :mod:`files`)."""
     index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ModelLoadError(f"{index} is not a valid safetensors index: {exc}") from exc
-        files = sorted({folder / str(f) for f in weight_map.values()})
-        missing = [f.name for f in files if not f.is_file()]
+    if files.present(index):
+        weight_map = files.read_json_object(index, folder).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ModelLoadError(f"{index} is not a valid safetensors index: it has no weight_map object")
+        names = set()
+        for tensor, shard in weight_map.items():
+            if not isinstance(shard, str):
+                raise ModelLoadError(f"{index}: weight_map[{shown(tensor)}] must be a file name, got {shown(shard)}")
+            _check_shard_name(shard, index)
+            names.add(shard)
+        missing = sorted(n for n in names if not files.present(folder / n))
         if missing:
-            raise ModelLoadError(f"{index} names shard(s) that are not in {folder}: {', '.join(missing)}")
-        return files
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
+            raise ModelLoadError(f"{index} names shard(s) that are not in {folder}: {', '.join(map(shown, missing))}")
+        return [files.inside(folder / n, folder) for n in sorted(names)]
+    found = sorted(folder.glob("*.safetensors"))
+    if not found:
         raise ModelLoadError(f"no *.safetensors weights in {folder} (pytorch_model.bin is not read: it is a pickle)")
-    return files
+    return [files.inside(path, folder) for path in found]
+
+
+def _check_shard_name(name: str, index: Path) -> None:
+    """Refuse a shard name that could lead out of the folder before it is ever joined to it: an absolute
+    path, a drive, a ``..`` step or a backslash (a separator on Windows)."""
+    parts = PurePosixPath(name).parts
+    if (
+        not name.endswith(".safetensors")
+        or name.startswith("/")
+        or "\\" in name
+        or "\0" in name
+        or PureWindowsPath(name).drive
+        or ".." in parts
+    ):
+        raise ModelLoadError(
+            f"{index}: shard {shown(name)} is not allowed: shards are *.safetensors files named relative to "
+            "the model folder, without '..', a leading '/' or a backslash"
+        )
