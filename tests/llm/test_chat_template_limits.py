@@ -27,6 +27,8 @@ HI = [{"role": "user", "content": "hi"}]
 
 def _render_in_child(template: str) -> tuple[str, str, float]:
     """(exception type or "ok", message or output length, seconds) of rendering ``template`` in a child."""
+    if not hasattr(os, "fork"):
+        pytest.skip("needs os.fork to keep a hostile template's work out of the test process")
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: limits first, then the render, then its outcome down the pipe
@@ -189,7 +191,7 @@ def test_the_limits_leave_room_for_long_chats_and_real_templates() -> None:
         assert time.monotonic() - start < 2
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
     assert '{"function": {"name": "get_weather"' in render(QWEN, HI, tools=tools)
-    # and the same room is all there is: a template that repeats the conversation tenfold is refused
-    echo = "{% for i in range(10) %}{% for m in messages %}{{ m.content }}{% endfor %}{% endfor %}"
+    # and the same room is all there is: a template that repeats the conversation twentyfold is refused
+    echo = "{% for i in range(20) %}{% for m in messages %}{{ m.content }}{% endfor %}{% endfor %}"
     with pytest.raises(ChatTemplateError, match="hit its output limit: it writes more than"):
         render(echo, turns)

@@ -57,8 +57,9 @@ class TemplateLimits:
     source: int = 1 << 20  # the template's own length
 
     def for_input(self, chars: int) -> TemplateLimits:
-        """These limits with room for ``chars`` characters of messages: a long chat renders to a long prompt."""
-        return replace(self, chars=self.chars + 4 * chars, built=self.built + 64 * chars, steps=self.steps + 4 * chars)
+        """These limits with room for ``chars`` characters of messages: a long chat renders to a long prompt
+        (up to 6 characters for each of the messages' own as JSON, when every one is escaped as \\uXXXX)."""
+        return replace(self, chars=self.chars + 8 * chars, built=self.built + 64 * chars, steps=self.steps + 4 * chars)
 
 
 class _BoundedCodeGenerator(CodeGenerator):
