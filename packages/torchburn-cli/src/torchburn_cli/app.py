@@ -120,8 +120,8 @@ def generate(
 ) -> None:
     """Generate a continuation of PROMPT."""
     _utf8(prompt, "the prompt")
-    for text in stop or ():
-        _utf8(text, "a --stop string")
+    for stop_text in stop or ():
+        _utf8(stop_text, "a --stop string")
     llm = _load(model, quant, device)
     text = (
         prompt if raw or llm.chat_template is None else llm.apply_chat_template([{"role": "user", "content": prompt}])
@@ -248,6 +248,7 @@ def ops(engine: Annotated[str | None, typer.Option(help="Engine name [default: t
 
 
 @cache_app.command("info")
+@_unix
 def cache_info() -> None:
     """Counters and the size of the on-disk cache."""
     import torchburn
@@ -257,6 +258,7 @@ def cache_info() -> None:
 
 
 @cache_app.command("clear")
+@_unix
 def cache_clear() -> None:
     """Delete every cached program (memory and disk)."""
     import torchburn
