@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import torchburn
 from torchburn_wgpu.program import recent_regions
 
 
@@ -33,8 +34,15 @@ def test_int64_beyond_32_bits_is_refused_with_the_range(gpu_compile: Callable[..
     got = f(small)
     assert got.dtype == torch.int64
     torch.testing.assert_close(got, small * 2 + 1)
-    with pytest.raises(ValueError, match=r"stores int64 tensors as 32-bit integers.*\[0, 4294967296\]"):
+    # strict: the engine's refusal reaches the caller as a FallbackError carrying its message
+    with pytest.raises(torchburn.FallbackError, match=r"stores int64 tensors as 32-bit integers.*\[0, 4294967296\]"):
         f(torch.tensor([0, 2**32], dtype=torch.int64))
+    # by default the region runs eagerly instead, warned, with the right values
+    torch._dynamo.reset()
+    g = torch.compile(lambda x: x * 2 + 1, backend="torchburn", options={"engine": "wgpu"})
+    big = torch.tensor([0, 2**32], dtype=torch.int64)
+    with pytest.warns(torchburn.TorchBurnFallbackWarning, match="stores int64 tensors as 32-bit integers"):
+        torch.testing.assert_close(g(big), big * 2 + 1)
 
 
 def test_integer_division_and_remainder_follow_python(gpu_compile: Callable[..., Any]) -> None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+import torchburn
 from torchburn_wgpu import program
 from torchburn_wgpu.device import gpu
 from torchburn_wgpu.program import recent_regions
@@ -163,8 +164,16 @@ def test_a_lost_device_is_reported_not_waited_on(gpu_compile: Callable[..., Any]
     torch.testing.assert_close(f(x), x + 1)
     # what the device's `lost` callback records when the driver resets or the GPU goes away
     monkeypatch.setattr(gpu(), "lost", "the driver reset the device")
-    with pytest.raises(DeviceLost, match="was lost: the driver reset the device"):
+    # strict: reported at once as the engine's failure, carrying the device's message
+    with pytest.raises(
+        torchburn.FallbackError, match=rf"{DeviceLost.__name__}: .*was lost: the driver reset the device"
+    ):
         f(x)
+    # by default the program goes on in PyTorch eager, warned
+    torch._dynamo.reset()
+    g = torch.compile(lambda x: x + 1, backend="torchburn", options={"engine": "wgpu"})
+    with pytest.warns(torchburn.TorchBurnFallbackWarning, match="was lost"):
+        torch.testing.assert_close(g(x), x + 1)
 
 
 @pytest.mark.parametrize("ahead", [True, False], ids=["paged_in_ahead", "paged_in_by_the_copy"])

@@ -15,6 +15,7 @@ fn main() {
     let s = SdpaShape {
         b,
         h,
+        hk: h,
         tq: t,
         tk: t,
         d,

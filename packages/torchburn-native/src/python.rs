@@ -578,6 +578,12 @@ fn isa() -> &'static str {
     crate::isa()
 }
 
+/// Make GELU(+inf) NaN (true) or +inf (false), as the process's eager kernel gives it.
+#[pyfunction]
+fn set_gelu_positive_infinity_nan(nan: bool) {
+    crate::kernels::math::set_gelu_positive_infinity_nan(nan)
+}
+
 #[pyfunction]
 fn debug_last_call(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
@@ -657,6 +663,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(packed_b_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(pack_gemm_b, m)?)?;
     m.add_function(wrap_pyfunction!(isa, m)?)?;
+    m.add_function(wrap_pyfunction!(set_gelu_positive_infinity_nan, m)?)?;
     m.add_function(wrap_pyfunction!(debug_last_call, m)?)?;
     m.add_function(wrap_pyfunction!(debug_stats, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -40,9 +40,18 @@ def configured_threads() -> int:
 _threads_ready = False
 
 
+def _follow_eager_specials() -> None:
+    """Special values where PyTorch's own CPU kernels differ by ISA: the engine gives what eager gives
+    in this process. GELU(+inf) is NaN from the AVX-512 kernel and +inf from the AVX2 one; the probe is
+    long enough to take the vectorized path."""
+    probe = torch.nn.functional.gelu(torch.full((64,), float("inf")))
+    _native.set_gelu_positive_infinity_nan(bool(torch.isnan(probe[0])))
+
+
 def ensure_threads() -> int:
     global _threads_ready
     if not _threads_ready:
+        _follow_eager_specials()
         _native.init_threads(configured_threads())
         if requested_pool() == "torch":
             addr = torch_gomp_parallel()

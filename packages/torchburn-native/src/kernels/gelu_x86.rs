@@ -73,9 +73,12 @@ pub fn gelu_f32(a: &[f32], out: &mut [f32]) -> bool {
     }
 }
 
-/// `vfixupimmps` table: lanes whose input is -inf (class 4) or +inf (class 5) become the default NaN
-/// (response 3), as PyTorch's GELU gives there; every other class keeps the computed value (0).
-const INFINITIES_TO_NAN: i32 = (3 << 16) | (3 << 20);
+/// `vfixupimmps` table: lanes whose input is -inf (class 4) become the default NaN (response 3), as
+/// PyTorch's GELU gives there, and +inf (class 5) NaN or +inf (response 5) by
+/// [`super::math::gelu_positive_infinity_nan`]; every other class keeps the computed value (0).
+const NEG_INFINITY_TO_NAN: i32 = 3 << 16;
+const POS_INFINITY_TO_NAN: i32 = 3 << 20;
+const POS_INFINITY_KEPT: i32 = 5 << 20;
 /// `vrangeps` control: the smaller absolute value (0b10) with the sign of the first operand (0b00 << 2),
 /// which clamps x to [-CLAMP, CLAMP] in one instruction (and keeps NaN).
 const CLAMP_KEEPING_SIGN: i32 = 0b0010;
@@ -84,7 +87,12 @@ const CLAMP_KEEPING_SIGN: i32 = 0b0010;
 unsafe fn gelu_avx512(a: &[f32], out: &mut [f32]) {
     let n = a.len().min(out.len());
     let (clamp, half) = (_mm512_set1_ps(CLAMP), _mm512_set1_ps(0.5));
-    let fixup = _mm512_set1_epi32(INFINITIES_TO_NAN);
+    let pos_inf = if super::math::gelu_positive_infinity_nan() {
+        POS_INFINITY_TO_NAN
+    } else {
+        POS_INFINITY_KEPT
+    };
+    let fixup = _mm512_set1_epi32(NEG_INFINITY_TO_NAN | pos_inf);
     let mut i = 0;
     while i + 16 <= n {
         prefetch::read_ahead(a.as_ptr().add(i));

@@ -175,13 +175,30 @@ fn erf_rational(z: f32) -> f32 {
     z * p / q
 }
 
+/// What GELU gives at +inf. PyTorch's own vectorized CPU kernels disagree: the AVX-512 one gives NaN
+/// (its erf form multiplies inf by 0), the AVX2 one +inf. The engine follows the eager kernel of the
+/// process it runs in (set once at start, see [`set_gelu_positive_infinity_nan`]); NaN by default.
+static GELU_POS_INF_NAN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Whether GELU(+inf) is NaN (true) or +inf (false). GELU(-inf) is NaN either way, as in PyTorch.
+pub fn set_gelu_positive_infinity_nan(nan: bool) {
+    GELU_POS_INF_NAN.store(nan, std::sync::atomic::Ordering::Relaxed);
+}
+
+pub fn gelu_positive_infinity_nan() -> bool {
+    GELU_POS_INF_NAN.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// GELU with the exact (erf) form: x/2 · (1 + erf(x/√2)).
 #[inline(always)]
 pub fn gelu_f32(x: f32) -> f32 {
     let c = 1.0 + erf_rational(x * std::f32::consts::FRAC_1_SQRT_2);
-    // PyTorch's vectorized kernel gives NaN at both infinities (its erf form multiplies inf by 0)
     if x.is_infinite() {
-        f32::NAN
+        if x > 0.0 && !gelu_positive_infinity_nan() {
+            f32::INFINITY
+        } else {
+            f32::NAN
+        }
     } else {
         0.5 * x * c
     }
@@ -305,8 +322,12 @@ mod tests {
         }
     }
 
+    /// Held by the tests that read or flip the process-wide GELU(+inf) rule.
+    static GELU_RULE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn erf_and_gelu_match_reference() {
+        let _rule = GELU_RULE.lock().unwrap_or_else(|e| e.into_inner());
         for x in samples().into_iter().filter(|x| x.abs() < 12.0) {
             let e = erf64(x as f64);
             assert!(
@@ -323,12 +344,13 @@ mod tests {
         assert!(gelu_f32(f32::NEG_INFINITY).is_nan(), "as PyTorch: -inf · 0");
         assert!(
             gelu_f32(f32::INFINITY).is_nan(),
-            "as PyTorch's vectorized kernel"
+            "as PyTorch's AVX-512 kernel (the default)"
         );
     }
 
     #[test]
     fn gelu_over_a_slice_matches_reference_on_every_path() {
+        let _rule = GELU_RULE.lock().unwrap_or_else(|e| e.into_inner());
         // specials sit among ordinary values so that they go through the vector loop, and the length
         // leaves a tail for the scalar one
         let mut xs: Vec<f32> = samples().into_iter().filter(|x| x.abs() < 12.0).collect();
@@ -351,7 +373,28 @@ mod tests {
         assert_ne!(xs.len() % 16, 0);
         let mut out = vec![0f32; xs.len()];
         gelu_slice_f32(&xs, &mut out);
-        for (&x, &y) in xs.iter().zip(&out) {
+        // the other +inf rule, as PyTorch's AVX2 kernel has it (the flag is process-wide: restore it)
+        set_gelu_positive_infinity_nan(false);
+        let mut out_inf = vec![0f32; xs.len()];
+        gelu_slice_f32(&xs, &mut out_inf);
+        set_gelu_positive_infinity_nan(true);
+        for (i, (&x, &y)) in xs.iter().zip(&out).enumerate() {
+            if x == f32::INFINITY {
+                assert!(
+                    y.is_nan(),
+                    "gelu(+inf) = {y}, PyTorch's AVX-512 kernel gives NaN"
+                );
+                assert_eq!(
+                    out_inf[i],
+                    f32::INFINITY,
+                    "gelu(+inf), PyTorch's AVX2 kernel gives +inf"
+                );
+                continue;
+            }
+            assert!(
+                y.to_bits() == out_inf[i].to_bits() || (y.is_nan() && out_inf[i].is_nan()),
+                "gelu({x}) depends on the +inf rule"
+            );
             if x.is_nan() || x.is_infinite() {
                 assert!(y.is_nan(), "gelu({x}) = {y}, PyTorch gives NaN");
                 continue;
