@@ -70,6 +70,22 @@ def test_info_ops_and_cache(tmp_path: Path) -> None:
     assert _cli("cache", "clear", env=env).returncode == 0
 
 
+def test_cache_clear_stays_inside_the_cache_dir(tmp_path: Path) -> None:
+    """A folder of the cache dir that is a symlink out of it: ``cache clear`` deletes nothing through it."""
+    cache, outside = tmp_path / "cache", tmp_path / "outside"
+    outside.mkdir()
+    bait = [outside / ("ab" * 32 + ".tbp"), outside / ".0123456789abcdef.x1.tmp"]
+    for path in bait:
+        path.write_text("keep me")
+    for layout in ("v1", "v2"):  # the previous entry format's folder, and the current one's
+        engine = cache / layout / "reference"
+        engine.mkdir(parents=True)
+        (engine / "ab").symlink_to(outside, target_is_directory=True)
+    out = _cli("cache", "clear", env={**ENV, "TORCHBURN_CACHE_DIR": str(cache)})
+    assert out.returncode == 0, out.stderr
+    assert all(path.read_text() == "keep me" for path in bait)
+
+
 def _read_until(fd: int, marker: str, timeout: float) -> str:
     seen = ""
     end = time.monotonic() + timeout
