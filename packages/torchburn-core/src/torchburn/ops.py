@@ -123,6 +123,7 @@ class OpRegistry:
             if op in self._entries:
                 raise ValueError(f"{op} is registered twice for engine {self.engine!r}")
             frozen = frozenset(dtypes) if dtypes is not None else None
+            family = str(getattr(family, "value", family))  # a planning.Family, or its name
             names = {a.name for a in op._schema.arguments}
             self._entries[op] = OpSupport(
                 op, family, frozen, max_rank, contiguous_only, check, lowering, convention, frozenset(reads) & names

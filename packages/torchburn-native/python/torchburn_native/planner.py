@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import json
 import math
-import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx
+
+from torchburn.planning import GraphWalk, LoweringTable, PlanError, extent
+from torchburn.planning import broadcast_strides as _broadcast_strides
 
 from .values import (
     DTYPE_NAMES,
@@ -33,13 +35,10 @@ from .values import (
 
 ARENA_ALIGN = 64  # cache line: no two buffers share one, and SIMD loads stay aligned
 
+# the engine's lowerings (filled by ``lowering/``, one module per family)
+TABLE = LoweringTable("native")
 
-class PlanError(Exception):
-    """A node the engine accepted turned out not to be plannable at these sizes (a bug or a gap)."""
-
-
-Lowering = Callable[..., Any]
-LOWERINGS: dict[Any, Lowering] = {}
+__all__ = ["TABLE", "DerivedInput", "OutputSpec", "PlanError", "PlannedProgram", "Planner"]
 
 
 @dataclass(frozen=True)
@@ -93,11 +92,7 @@ def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
 
 def broadcast_strides(value: Value, shape: tuple[int, ...]) -> tuple[int, ...]:
     """Strides that read ``value`` as if expanded to ``shape`` (0 on broadcast dimensions)."""
-    lead = len(shape) - value.rank
-    strides = [0] * lead
-    for size, vsize, vstride in zip(shape[lead:], value.shape, value.strides, strict=True):
-        strides.append(0 if vsize == 1 and size != 1 else vstride)
-    return tuple(strides)
+    return _broadcast_strides(value.shape, value.strides, shape)
 
 
 def coalesce(
@@ -122,40 +117,16 @@ def coalesce(
     return tuple(out_shape), [tuple(o) for o in out_strides]
 
 
-def _static_tensors(value: Any) -> bool:
-    """Whether ``value`` (a node's traced ``val``) is a tensor, or a non-empty tuple or list of them,
-    with static sizes and strides."""
-    if isinstance(value, (tuple, list)):
-        return bool(value) and all(_static_tensors(v) for v in value)
-    return (
-        isinstance(value, torch.Tensor)
-        and all(isinstance(s, int) for s in value.shape)
-        and all(isinstance(s, int) for s in value.stride())
-    )
+class Planner(GraphWalk):
+    """Plans one region at concrete input layouts into a flat Rust program (see the module docs)."""
 
+    table = TABLE
 
-def _same_layout(traced: Any, arg: Any) -> bool:
-    if not isinstance(arg, torch.Tensor):
-        return type(traced) is type(arg) and isinstance(arg, (int, float, bool)) and traced == arg
-    return (
-        _static_tensors(traced)
-        and traced.dtype == arg.dtype
-        and tuple(traced.shape) == tuple(arg.shape)
-        and traced.stride() == arg.stride()
-    )
-
-
-class Planner:
     def __init__(self, gm: torch.fx.GraphModule, args: Sequence[Any]) -> None:
-        self.gm = gm
-        self.args = list(args)
+        super().__init__(gm, args)
         self.instrs: list[dict[str, Any]] = []
         self.buffers: list[Buffer] = []
-        self.env: dict[torch.fx.Node, Any] = {}
-        self.meta_env: dict[torch.fx.Node, Any] = {}
-        self.traced_values_hold = False
         self.producer: dict[int, int] = {}  # id(Buffer) -> index of the instruction that wrote it
-        self.current: torch.fx.Node | None = None
         self.in_bytes: list[int] = []
         self.constants: list[torch.Tensor] = []
         self.derived: list[DerivedInput] = []
@@ -198,6 +169,9 @@ class Planner:
 
     def value(self, x: Tensorish) -> Value:
         return x if isinstance(x, Value) else self.materialize(x)
+
+    def is_lazy(self, value: Any) -> bool:
+        return isinstance(value, Lazy)
 
     def contiguous(self, x: Tensorish, dtype: torch.dtype | None = None) -> Value:
         """``x`` as a contiguous Value of ``dtype`` (copying or converting only when it is not already)."""
@@ -277,57 +251,30 @@ class Planner:
         self.emit(instr, loads, [out])
         return out
 
-    # ---- the pass over the graph ---------------------------------------------------------------
+    # ---- binding the region's inputs (see GraphWalk) ----------------------------------------------
     def meta_of(self, node: torch.fx.Node) -> Any:
         return self.meta_env[node]
 
-    def run(self) -> PlannedProgram:
-        graph = self.gm.graph
-        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-        tensor_inputs = 0
-        for node, arg in zip(placeholders, self.args, strict=True):
-            if isinstance(arg, torch.Tensor):
-                if arg.dtype not in DTYPE_NAMES:
-                    raise PlanError(f"input dtype {arg.dtype} not supported")
-                extent = _extent(arg.shape, arg.stride())
-                buf = Buffer("in", tensor_inputs, extent * arg.element_size())
-                self.in_bytes.append(buf.nbytes)
-                tensor_inputs += 1
-                self.env[node] = Value(buf, arg.dtype, tuple(arg.shape), tuple(arg.stride()), 0)
-                self.meta_env[node] = torch.empty_strided(arg.shape, arg.stride(), dtype=arg.dtype, device="meta")
-            else:
-                self.env[node] = arg
-                self.meta_env[node] = arg
-        # the trace's values describe this call only if its arguments are laid out as the traced ones
-        self.traced_values_hold = all(
-            _same_layout(node.meta.get("val"), arg) for node, arg in zip(placeholders, self.args, strict=True)
-        )
-        for node in graph.nodes:
-            if node.op == "get_attr":
-                self._constant(node, tensor_inputs + len(self.constants))
-        output_node = next(n for n in graph.nodes if n.op == "output")
-        self.output_users = {n for n in output_node.all_input_nodes}
-        for node in graph.nodes:
-            if node.op in ("placeholder", "output", "get_attr"):
-                continue
-            self.current = node
-            self.meta_env[node] = self._meta(node)
-            self.env[node] = self._lower(node)
-        results = output_node.args[0]
-        return self._finish(list(results) if isinstance(results, (tuple, list)) else [results])
-
-    def _constant(self, node: torch.fx.Node, index: int) -> None:
-        obj: Any = self.gm
-        for part in str(node.target).split("."):
-            obj = getattr(obj, part)
-        if not isinstance(obj, torch.Tensor) or obj.dtype not in DTYPE_NAMES or obj.device.type != "cpu":
-            raise PlanError(f"graph constant {node.target} is not a supported CPU tensor")
-        t = obj.detach()
-        buf = Buffer("in", index, _extent(t.shape, t.stride()) * t.element_size())
+    def bind_input(self, position: int, tensor_index: int, tensor: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        if tensor.dtype not in DTYPE_NAMES:
+            raise PlanError(f"input dtype {tensor.dtype} not supported")
+        buf = Buffer("in", tensor_index, extent(tuple(tensor.shape), tensor.stride()) * tensor.element_size())
         self.in_bytes.append(buf.nbytes)
-        self.constants.append(t)
-        self.env[node] = Value(buf, t.dtype, tuple(t.shape), tuple(t.stride()), 0)
-        self.meta_env[node] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+        # inputs are read where they lie, in their own strides
+        value = Value(buf, tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()), 0)
+        return value, torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
+
+    def bind_constant(self, node: torch.fx.Node, tensor: torch.Tensor) -> Any:
+        if tensor.dtype not in DTYPE_NAMES or tensor.device.type != "cpu":
+            raise PlanError(f"graph constant {node.target} is not a supported CPU tensor")
+        # constants are passed after the inputs
+        buf = Buffer("in", len(self.in_bytes), extent(tuple(tensor.shape), tensor.stride()) * tensor.element_size())
+        self.in_bytes.append(buf.nbytes)
+        self.constants.append(tensor)
+        return Value(buf, tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()), 0)
+
+    def run(self) -> PlannedProgram:
+        return self._finish(self.walk())
 
     def packed_copy(self, v: Value, rows: int, nbytes: int) -> dict[str, Any]:
         """The operand of a copy of the 2-D f32 region input ``v`` (``k × n``) that the caller packs
@@ -358,49 +305,15 @@ class Planner:
         self.derived.append(spec)
         return Buffer("in", len(self.in_bytes) - 1, nbytes)
 
-    def _meta(self, node: torch.fx.Node) -> Any:
-        if node.target is operator.getitem:
-            seq, idx = node.args
-            return self.meta_env[seq][idx]  # type: ignore[index]
-        traced = node.meta.get("val")
-        if self.traced_values_hold and _static_tensors(traced):
-            return traced  # the lowering trace already inferred it; a meta kernel would do it again
-        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.meta_env[n])
-        if "device" in kwargs:
-            kwargs = {**kwargs, "device": torch.device("meta")}  # factories and copies: shape only
-        return node.target(*args, **kwargs)  # type: ignore[operator]
-
-    def _lower(self, node: torch.fx.Node) -> Any:
-        if node.target is operator.getitem:
-            seq, idx = node.args
-            return self.env[seq][idx]  # type: ignore[index]
-        fn = LOWERINGS.get(node.target)
-        if fn is None:
-            raise PlanError(f"no lowering for {node.target}")
-        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.env[n])
-        result = fn(self, node, *args, **kwargs)
-        # a Lazy with several users (or that leaves the region) is computed once, not per user
-        if isinstance(result, Lazy) and (len(node.users) > 1 or node in self.output_users):
-            result = self.materialize(result)
-        return result
-
-    def out_meta(self, index: int | None = None) -> Any:
-        assert self.current is not None
-        m = self.meta_env[self.current]
-        return m if index is None else m[index]
-
     # ---- outputs and memory plan ---------------------------------------------------------------
     def _finish(self, results: list[Any]) -> PlannedProgram:
         out_specs: list[OutputSpec] = []
         claimed: set[int] = set()
-        for j, r in enumerate(results):
-            if not isinstance(r, torch.fx.Node):
-                raise PlanError("region outputs must be tensors")
-            v = self.env[r]
+        for j, v in enumerate(results):
             if isinstance(v, Lazy):
                 v = self.materialize(v)
             if not isinstance(v, Value):
-                raise PlanError(f"region output {r} is not a tensor")
+                raise PlanError(f"region output {j} is not a tensor")
             out_specs.append(OutputSpec(v.shape, v.dtype, contiguous_strides(v.shape)))
             buf = v.buffer
             whole = v.offset == 0 and v.is_contiguous and buf.nbytes == max(v.numel, 1) * _itemsize(v.dtype)
@@ -480,13 +393,6 @@ _ITEMSIZE = {
     torch.uint8: 1,
     torch.bool: 1,
 }
-
-
-def _extent(shape: Sequence[int], strides: Sequence[int]) -> int:
-    """Elements a strided view spans from its first element (0 for an empty tensor)."""
-    if any(s == 0 for s in shape):
-        return 0
-    return 1 + sum((s - 1) * st for s, st in zip(shape, strides, strict=True))
 
 
 def _finite_json(obj: Any) -> Any:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
 import mmap
 import threading
@@ -13,23 +12,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from torchburn.cpp_helpers import assert_size_stride, empty_strided_cpu
+from torchburn.planning import PlannedRegion, signature
 
 from . import _native
 from .planner import DerivedInput, PlannedProgram, Planner
 
-
-def signature(args: Sequence[Any]) -> tuple[Any, ...]:
-    """What a plan depends on: every tensor's shape, strides and dtype; every int's value."""
-    return tuple([(a.shape, a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in args])
+__all__ = ["PLANS_KEPT", "CompiledRegion", "recent_regions", "signature"]
 
 
 # later calls' path for the last plan's argument layouts: outputs, or None when the arguments differ
 FastPath = Callable[..., "tuple[torch.Tensor, ...] | None"]
 
-_RECENT: collections.deque[CompiledRegion] = collections.deque(maxlen=64)
 
 # a region keeps the derived copies of this many plans (input sizes) before dropping the least recently
 # used: with packed copies per size, ever new sizes would otherwise grow memory without bound
@@ -46,19 +41,17 @@ PLANS_KEPT = 32
 
 def recent_regions() -> list[CompiledRegion]:
     """The regions compiled most recently in this process (newest last), for inspection and tests."""
-    return list(_RECENT)
+    return CompiledRegion.recent_regions()
 
 
-class CompiledRegion:
+class CompiledRegion(PlannedRegion[tuple[_native.Program, PlannedProgram]]):
     """A region's graph plus one Rust program per input signature (one for static shapes)."""
 
+    plans_kept = PLANS_KEPT
+
     def __init__(self, gm: torch.fx.GraphModule) -> None:
-        self.graph_module = gm
-        # least recently used first; at most PLANS_KEPT
-        self._plans: collections.OrderedDict[tuple[Any, ...], tuple[_native.Program, PlannedProgram]] = (
-            collections.OrderedDict()
-        )
-        self._lock = threading.Lock()
+        super().__init__(gm)
+        self._lock = self._plan_lock
         # the last plan of an all-tensor signature, checked per call by size/stride/dtype alone
         self._fast: FastPath | None = None
         # the copies of GEMM operands the plans read, by what they copy (shared by every plan that reads
@@ -66,7 +59,6 @@ class CompiledRegion:
         self._derived: collections.OrderedDict[DerivedInput, _DerivedEntry] = collections.OrderedDict()
         self._derived_lock = threading.Lock()
         self._profiling = False
-        _RECENT.append(self)
 
     def describe(self) -> list[dict[str, Any]]:
         """Per planned signature: the instruction kinds in order, the arena size, and the bytes the
@@ -110,28 +102,16 @@ class CompiledRegion:
             )
         return tables
 
+    def make_plan(self, args: Sequence[Any]) -> tuple[_native.Program, PlannedProgram]:
+        planned = Planner(self.graph_module, args).run()
+        program = _native.Program(planned.plan_json, planned.in_bytes, planned.out_bytes)
+        if self._profiling:
+            program.set_profiling(True)
+        return program, planned
+
     def prepare(self, args: Sequence[Any]) -> tuple[_native.Program, PlannedProgram]:
-        key = signature(args)
-        found = self._plans.get(key)
-        if found is not None:
-            # no lock on a hit, so that one thread's planning does not hold up the others' calls; an
-            # OrderedDict's operations are atomic under the GIL, and the key may just have been dropped
-            with contextlib.suppress(KeyError):
-                self._plans.move_to_end(key)
-            return found
-        with self._lock:
-            found = self._plans.get(key)
-            if found is None:
-                # planning runs real meta kernels: step outside Dynamo's fake mode if compiling
-                with unset_fake_temporarily():
-                    planned = Planner(self.graph_module, args).run()
-                program = _native.Program(planned.plan_json, planned.in_bytes, planned.out_bytes)
-                if self._profiling:
-                    program.set_profiling(True)
-                found = self._plans[key] = (program, planned)
-                while len(self._plans) > PLANS_KEPT:
-                    self._plans.popitem(last=False)
-        return found
+        """The Rust program and plan for ``args``' layouts, planned on first sight."""
+        return self.plan_for(args)
 
     def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
         fast = self._fast

@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from torchburn.planning import Family
+
 from ..planner import PlanError, Planner, broadcast_shapes
 from ..values import FLOAT_DTYPES, SUPPORTED_DTYPES, Domain, Lazy, Tensorish, Value, domain_of
 from . import linalg, lower
@@ -120,9 +122,9 @@ def _unary(fn: str) -> Any:
 
 
 for _op, _fn in UNARY_FLOAT.items():
-    lower(_op, family="elementwise", dtypes=FLOATS)(_unary(_fn))
+    lower(_op, family=Family.ELEMENTWISE, dtypes=FLOATS)(_unary(_fn))
 for _op, _fn in UNARY_ANY.items():
-    lower(_op, family="elementwise", dtypes=ANY - {torch.bool})(_unary(_fn))
+    lower(_op, family=Family.ELEMENTWISE, dtypes=ANY - {torch.bool})(_unary(_fn))
 
 
 def _unary_to_bool(fn: str) -> Any:
@@ -134,16 +136,16 @@ def _unary_to_bool(fn: str) -> Any:
 
 
 for _op, _fn in UNARY_TO_BOOL.items():
-    lower(_op, family="elementwise", dtypes=ANY)(_unary_to_bool(_fn))
+    lower(_op, family=Family.ELEMENTWISE, dtypes=ANY)(_unary_to_bool(_fn))
 
 
-@lower(aten.isfinite.default, family="elementwise", dtypes=ANY)
+@lower(aten.isfinite.default, family=Family.ELEMENTWISE, dtypes=ANY)
 def isfinite(p: Planner, node: Any, x: Tensorish) -> Lazy:
     d = domain_of(x.dtype)
     return Lazy("unary", ("is_finite", p.lazy(x, d)), torch.bool, _shape(x), d)
 
 
-@lower(aten.bitwise_not.default, family="elementwise", dtypes=ANY - FLOATS)
+@lower(aten.bitwise_not.default, family=Family.ELEMENTWISE, dtypes=ANY - FLOATS)
 def bitwise_not(p: Planner, node: Any, x: Tensorish) -> Lazy:
     fn = "logical_not" if x.dtype == torch.bool else "bitwise_not"
     return Lazy("unary", (fn, p.lazy(x, "i64")), x.dtype, _shape(x), "i64")
@@ -193,7 +195,7 @@ def _fuse_epilogue(p: Planner, node: Any, x: Tensorish, act: str) -> Value | Non
     return x
 
 
-@lower(aten.gelu.default, family="activation", dtypes=FLOATS)
+@lower(aten.gelu.default, family=Family.ACTIVATION, dtypes=FLOATS)
 def gelu(p: Planner, node: Any, x: Tensorish, approximate: str = "none") -> Any:
     fn = "gelu_tanh" if approximate == "tanh" else "gelu"
     fused = _fuse_epilogue(p, node, x, fn)
@@ -202,7 +204,7 @@ def gelu(p: Planner, node: Any, x: Tensorish, approximate: str = "none") -> Any:
     return unary_expr(p, fn, x, _out_dtype(p))
 
 
-@lower(aten.leaky_relu.default, family="activation", dtypes=FLOATS)
+@lower(aten.leaky_relu.default, family=Family.ACTIVATION, dtypes=FLOATS)
 def leaky_relu(p: Planner, node: Any, x: Tensorish, negative_slope: float = 0.01) -> Lazy:
     out = _out_dtype(p)
     d = domain_of(out)
@@ -212,7 +214,7 @@ def leaky_relu(p: Planner, node: Any, x: Tensorish, negative_slope: float = 0.01
     return Lazy("where", (cond, xl, scaled), out, xl.shape, d)
 
 
-@lower(aten.elu.default, family="activation", dtypes=FLOATS)
+@lower(aten.elu.default, family=Family.ACTIVATION, dtypes=FLOATS)
 def elu(p: Planner, node: Any, x: Tensorish, alpha: float = 1.0, scale: float = 1.0, input_scale: float = 1.0) -> Lazy:
     out = _out_dtype(p)
     d = domain_of(out)
@@ -224,7 +226,7 @@ def elu(p: Planner, node: Any, x: Tensorish, alpha: float = 1.0, scale: float = 
     return binary_expr(p, "mul", Lazy("where", (cond, xl, neg), out, xl.shape, d), float(scale), out)
 
 
-@lower(aten.softplus.default, family="activation", dtypes=FLOATS)
+@lower(aten.softplus.default, family=Family.ACTIVATION, dtypes=FLOATS)
 def softplus(p: Planner, node: Any, x: Tensorish, beta: float = 1.0, threshold: float = 20.0) -> Lazy:
     out = _out_dtype(p)
     d = domain_of(out)
@@ -305,7 +307,7 @@ def _binary(fn: str) -> Any:
 
 for _fn, _ops in ARITH.items():
     _dtypes = FLOATS if _fn in FLOAT_ONLY else (ANY - FLOATS if _fn in INT_ONLY else ANY)
-    lower(*_ops, family="elementwise", dtypes=_dtypes)(_binary(_fn))
+    lower(*_ops, family=Family.ELEMENTWISE, dtypes=_dtypes)(_binary(_fn))
 
 
 def _compare(fn: str) -> Any:
@@ -316,21 +318,21 @@ def _compare(fn: str) -> Any:
 
 
 for _fn, _ops in COMPARE.items():
-    lower(*_ops, family="comparison", dtypes=ANY)(_compare(_fn))
+    lower(*_ops, family=Family.COMPARISON, dtypes=ANY)(_compare(_fn))
 
 
-@lower(aten.div.Tensor, aten.div.Scalar, family="elementwise", dtypes=ANY)
+@lower(aten.div.Tensor, aten.div.Scalar, family=Family.ELEMENTWISE, dtypes=ANY)
 def div(p: Planner, node: Any, a: Any, b: Any) -> Lazy:
     return binary_expr(p, "div", a, b, _out_dtype(p))
 
 
-@lower(aten.div.Tensor_mode, aten.div.Scalar_mode, family="elementwise", dtypes=ANY)
+@lower(aten.div.Tensor_mode, aten.div.Scalar_mode, family=Family.ELEMENTWISE, dtypes=ANY)
 def div_mode(p: Planner, node: Any, a: Any, b: Any, rounding_mode: str | None = None) -> Lazy:
     fn = {"trunc": "div_trunc", "floor": "div_floor", None: "div"}[rounding_mode]
     return binary_expr(p, fn, a, b, _out_dtype(p))
 
 
-@lower(aten.floor_divide.default, family="elementwise", dtypes=ANY)
+@lower(aten.floor_divide.default, family=Family.ELEMENTWISE, dtypes=ANY)
 def floor_divide(p: Planner, node: Any, a: Any, b: Any) -> Lazy:
     return binary_expr(p, "div_floor", a, b, _out_dtype(p))
 
@@ -359,17 +361,17 @@ def _pow_const(p: Planner, x: Tensorish, e: float, out: torch.dtype) -> Lazy:
     return binary_expr(p, "pow", x, int(e) if d == "i64" else float(e), out)
 
 
-@lower(aten.pow.Tensor_Scalar, family="elementwise", dtypes=ANY - {torch.bool})
+@lower(aten.pow.Tensor_Scalar, family=Family.ELEMENTWISE, dtypes=ANY - {torch.bool})
 def pow_tensor_scalar(p: Planner, node: Any, x: Tensorish, e: float) -> Lazy:
     return _pow_const(p, x, e, _out_dtype(p))
 
 
-@lower(aten.pow.Tensor_Tensor, aten.pow.Scalar, family="elementwise", dtypes=ANY - {torch.bool})
+@lower(aten.pow.Tensor_Tensor, aten.pow.Scalar, family=Family.ELEMENTWISE, dtypes=ANY - {torch.bool})
 def pow_tensor(p: Planner, node: Any, a: Any, b: Any) -> Lazy:
     return binary_expr(p, "pow", a, b, _out_dtype(p))
 
 
-@lower(aten.where.self, family="elementwise", dtypes=ANY)
+@lower(aten.where.self, family=Family.ELEMENTWISE, dtypes=ANY)
 def where(p: Planner, node: Any, cond: Any, a: Any, b: Any) -> Lazy:
     out = _out_dtype(p)
     d = domain_of(out)
@@ -378,7 +380,7 @@ def where(p: Planner, node: Any, cond: Any, a: Any, b: Any) -> Lazy:
     return Lazy("where", (c, p.lazy(a, d), p.lazy(b, d)), out, shape, d)
 
 
-@lower(aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar, family="elementwise", dtypes=ANY)
+@lower(aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar, family=Family.ELEMENTWISE, dtypes=ANY)
 def where_scalar(p: Planner, node: Any, cond: Any, a: Any, b: Any) -> Lazy:
     return where(p, node, cond, a, b)
 
@@ -394,22 +396,22 @@ def _clamp(p: Planner, x: Any, lo: Any, hi: Any, out: torch.dtype) -> Lazy:
     return unary_expr(p, "identity", r, out)
 
 
-@lower(aten.clamp.default, aten.clamp.Tensor, family="elementwise", dtypes=ANY - {torch.bool})
+@lower(aten.clamp.default, aten.clamp.Tensor, family=Family.ELEMENTWISE, dtypes=ANY - {torch.bool})
 def clamp(p: Planner, node: Any, x: Any, min: Any = None, max: Any = None) -> Lazy:
     return _clamp(p, x, min, max, _out_dtype(p))
 
 
-@lower(aten.clamp_min.default, aten.clamp_min.Tensor, family="elementwise", dtypes=ANY - {torch.bool})
+@lower(aten.clamp_min.default, aten.clamp_min.Tensor, family=Family.ELEMENTWISE, dtypes=ANY - {torch.bool})
 def clamp_min(p: Planner, node: Any, x: Any, lo: Any) -> Lazy:
     return _clamp(p, x, lo, None, _out_dtype(p))
 
 
-@lower(aten.clamp_max.default, aten.clamp_max.Tensor, family="elementwise", dtypes=ANY - {torch.bool})
+@lower(aten.clamp_max.default, aten.clamp_max.Tensor, family=Family.ELEMENTWISE, dtypes=ANY - {torch.bool})
 def clamp_max(p: Planner, node: Any, x: Any, hi: Any) -> Lazy:
     return _clamp(p, x, None, hi, _out_dtype(p))
 
 
-@lower(aten.hardtanh.default, family="activation", dtypes=FLOATS)
+@lower(aten.hardtanh.default, family=Family.ACTIVATION, dtypes=FLOATS)
 def hardtanh(p: Planner, node: Any, x: Any, lo: float = -1.0, hi: float = 1.0) -> Lazy:
     return _clamp(p, x, float(lo), float(hi), _out_dtype(p))
 
@@ -431,7 +433,7 @@ def convert(p: Planner, x: Tensorish, dtype: torch.dtype) -> Tensorish:
     return Lazy("unary", ("identity", p.lazy(x, d)), dtype, x.shape, d)
 
 
-@lower(prims.convert_element_type.default, family="conversion", dtypes=ANY)
+@lower(prims.convert_element_type.default, family=Family.CONVERSION, dtypes=ANY)
 def convert_element_type(p: Planner, node: Any, x: Tensorish, dtype: torch.dtype) -> Tensorish:
     return convert(p, x, dtype)
 
@@ -443,18 +445,18 @@ def _cpu_only(node: Any) -> bool | str:
     return True
 
 
-@lower(aten._to_copy.default, family="conversion", dtypes=ANY, check=_cpu_only)
+@lower(aten._to_copy.default, family=Family.CONVERSION, dtypes=ANY, check=_cpu_only)
 def to_copy(p: Planner, node: Any, x: Tensorish, **kwargs: Any) -> Tensorish:
     return convert(p, x, kwargs.get("dtype") or x.dtype)
 
 
-@lower(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, family="copy", dtypes=ANY)
+@lower(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, family=Family.COPY, dtypes=ANY)
 def clone(p: Planner, node: Any, x: Tensorish, **kwargs: Any) -> Tensorish:
     # graphs are functional: nothing writes to x afterwards, so the copy can be skipped
     return x
 
 
-@lower(aten.copy.default, family="copy", dtypes=ANY)
+@lower(aten.copy.default, family=Family.COPY, dtypes=ANY)
 def copy(p: Planner, node: Any, dst: Tensorish, src: Any, non_blocking: bool = False) -> Lazy:
     d = domain_of(dst.dtype)
     return Lazy("unary", ("identity", p.lazy(src, d)), dst.dtype, dst.shape, d)
@@ -465,71 +467,80 @@ def _full(p: Planner, shape: Any, value: Any) -> Lazy:
     return const(value, meta.dtype, tuple(meta.shape))
 
 
-@lower(aten.full.default, family="constant", dtypes=ANY, check=_cpu_only)
+@lower(aten.full.default, family=Family.CONSTANT, dtypes=ANY, check=_cpu_only)
 def full(p: Planner, node: Any, size: Any, value: Any, **kwargs: Any) -> Lazy:
     return _full(p, size, value)
 
 
 # ``self`` gives only the output's shape and dtype, which the output's meta carries
-@lower(aten.full_like.default, family="constant", dtypes=ANY, check=_cpu_only, reads=("self",))
+@lower(aten.full_like.default, family=Family.CONSTANT, dtypes=ANY, check=_cpu_only, reads=("self",))
 def full_like(p: Planner, node: Any, x: Any, value: Any, **kwargs: Any) -> Lazy:
     return _full(p, None, value)
 
 
 # ``self`` gives only the output's shape and dtype, which the output's meta carries
 @lower(
-    aten.zeros_like.default, aten.empty_like.default, family="constant", dtypes=ANY, check=_cpu_only, reads=("self",)
+    aten.zeros_like.default,
+    aten.empty_like.default,
+    family=Family.CONSTANT,
+    dtypes=ANY,
+    check=_cpu_only,
+    reads=("self",),
 )
 def zeros_like(p: Planner, node: Any, x: Any, **kwargs: Any) -> Lazy:
     return _full(p, None, 0)
 
 
 # ``self`` gives only the output's shape and dtype, which the output's meta carries
-@lower(aten.ones_like.default, family="constant", dtypes=ANY, check=_cpu_only, reads=("self",))
+@lower(aten.ones_like.default, family=Family.CONSTANT, dtypes=ANY, check=_cpu_only, reads=("self",))
 def ones_like(p: Planner, node: Any, x: Any, **kwargs: Any) -> Lazy:
     return _full(p, None, 1)
 
 
-@lower(aten.zeros.default, aten.empty.memory_format, family="constant", dtypes=ANY, check=_cpu_only)
+@lower(aten.zeros.default, aten.empty.memory_format, family=Family.CONSTANT, dtypes=ANY, check=_cpu_only)
 def zeros(p: Planner, node: Any, size: Any, **kwargs: Any) -> Lazy:
     return _full(p, size, 0)
 
 
-@lower(aten.ones.default, family="constant", dtypes=ANY, check=_cpu_only)
+@lower(aten.ones.default, family=Family.CONSTANT, dtypes=ANY, check=_cpu_only)
 def ones(p: Planner, node: Any, size: Any, **kwargs: Any) -> Lazy:
     return _full(p, size, 1)
 
 
 # ``self`` gives only the output's shape and dtype, which the output's meta carries
-@lower(aten.new_zeros.default, aten.new_empty.default, family="constant", dtypes=ANY, check=_cpu_only, reads=("self",))
+@lower(
+    aten.new_zeros.default, aten.new_empty.default, family=Family.CONSTANT, dtypes=ANY, check=_cpu_only, reads=("self",)
+)
 def new_zeros(p: Planner, node: Any, x: Any, size: Any, **kwargs: Any) -> Lazy:
     return _full(p, size, 0)
 
 
 # ``self`` gives only the output's shape and dtype, which the output's meta carries
-@lower(aten.new_ones.default, family="constant", dtypes=ANY, check=_cpu_only, reads=("self",))
+@lower(aten.new_ones.default, family=Family.CONSTANT, dtypes=ANY, check=_cpu_only, reads=("self",))
 def new_ones(p: Planner, node: Any, x: Any, size: Any, **kwargs: Any) -> Lazy:
     return _full(p, size, 1)
 
 
 # ``self`` gives only the output's shape and dtype, which the output's meta carries
-@lower(aten.new_full.default, family="constant", dtypes=ANY, check=_cpu_only, reads=("self",))
+@lower(aten.new_full.default, family=Family.CONSTANT, dtypes=ANY, check=_cpu_only, reads=("self",))
 def new_full(p: Planner, node: Any, x: Any, size: Any, value: Any, **kwargs: Any) -> Lazy:
     return _full(p, size, value)
 
 
-@lower(aten.scalar_tensor.default, family="constant", dtypes=ANY, check=_cpu_only)
+@lower(aten.scalar_tensor.default, family=Family.CONSTANT, dtypes=ANY, check=_cpu_only)
 def scalar_tensor(p: Planner, node: Any, value: Any, **kwargs: Any) -> Lazy:
     return _full(p, (), value)
 
 
 # ``self`` gives only the output's shape and dtype, which the output's meta carries
-@lower(aten.fill.Scalar, family="constant", dtypes=ANY, reads=("self",))
+@lower(aten.fill.Scalar, family=Family.CONSTANT, dtypes=ANY, reads=("self",))
 def fill(p: Planner, node: Any, x: Any, value: Any) -> Lazy:
     return _full(p, None, value)
 
 
-@lower(aten.arange.start_step, aten.arange.default, aten.arange.start, family="constant", dtypes=ANY, check=_cpu_only)
+@lower(
+    aten.arange.start_step, aten.arange.default, aten.arange.start, family=Family.CONSTANT, dtypes=ANY, check=_cpu_only
+)
 def arange(p: Planner, node: Any, *args: Any, **kwargs: Any) -> Value:
     nums = [a for a in args if isinstance(a, (int, float))]
     start: float = 0
@@ -546,25 +557,25 @@ def arange(p: Planner, node: Any, *args: Any, **kwargs: Any) -> Value:
     return p.materialize(val)
 
 
-@lower(aten.lerp.Scalar, aten.lerp.Tensor, family="elementwise", dtypes=FLOATS)
+@lower(aten.lerp.Scalar, aten.lerp.Tensor, family=Family.ELEMENTWISE, dtypes=FLOATS)
 def lerp(p: Planner, node: Any, a: Any, b: Any, w: Any) -> Lazy:
     out = _out_dtype(p)
     return binary_expr(p, "add", a, binary_expr(p, "mul", w, binary_expr(p, "sub", b, a, out), out), out)
 
 
-@lower(aten.addcmul.default, family="elementwise", dtypes=FLOATS)
+@lower(aten.addcmul.default, family=Family.ELEMENTWISE, dtypes=FLOATS)
 def addcmul(p: Planner, node: Any, x: Any, a: Any, b: Any, value: float = 1) -> Lazy:
     out = _out_dtype(p)
     return binary_expr(p, "add", x, binary_expr(p, "mul", binary_expr(p, "mul", a, b, out), value, out), out)
 
 
-@lower(aten.addcdiv.default, family="elementwise", dtypes=FLOATS)
+@lower(aten.addcdiv.default, family=Family.ELEMENTWISE, dtypes=FLOATS)
 def addcdiv(p: Planner, node: Any, x: Any, a: Any, b: Any, value: float = 1) -> Lazy:
     out = _out_dtype(p)
     return binary_expr(p, "add", x, binary_expr(p, "mul", binary_expr(p, "div", a, b, out), value, out), out)
 
 
-@lower(aten.nan_to_num.default, family="elementwise", dtypes=FLOATS)
+@lower(aten.nan_to_num.default, family=Family.ELEMENTWISE, dtypes=FLOATS)
 def nan_to_num(
     p: Planner, node: Any, x: Any, nan: float | None = None, posinf: float | None = None, neginf: float | None = None
 ) -> Lazy:

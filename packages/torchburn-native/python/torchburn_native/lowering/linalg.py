@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from torchburn.planning import Family
+
 from ..planner import Planner, broadcast_strides
 from ..values import Lazy, Tensorish, Value
 from . import lower
@@ -207,12 +209,12 @@ def matmul(
     return out
 
 
-@lower(aten.mm.default, aten.bmm.default, family="matmul", dtypes=MATMUL_DTYPES)
+@lower(aten.mm.default, aten.bmm.default, family=Family.MATMUL, dtypes=MATMUL_DTYPES)
 def mm(p: Planner, node: Any, a: Tensorish, b: Tensorish) -> Tensorish:
     return matmul(p, a, b)
 
 
-@lower(aten.addmm.default, aten.baddbmm.default, family="matmul", dtypes=MATMUL_DTYPES)
+@lower(aten.addmm.default, aten.baddbmm.default, family=Family.MATMUL, dtypes=MATMUL_DTYPES)
 def addmm(
     p: Planner, node: Any, bias: Tensorish, a: Tensorish, b: Tensorish, beta: float = 1, alpha: float = 1
 ) -> Tensorish:
@@ -226,7 +228,7 @@ def _conv_check(node: Any) -> bool | str:
     return True
 
 
-@lower(aten.convolution.default, family="convolution", dtypes=CONV_DTYPES, check=_conv_check)
+@lower(aten.convolution.default, family=Family.CONVOLUTION, dtypes=CONV_DTYPES, check=_conv_check)
 def convolution(
     p: Planner,
     node: Any,

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from torchburn.attention_shapes import grouped_heads
+from torchburn.planning import Family
 
 from ..planner import Planner
 from ..values import FLOAT_DTYPES, Lazy, Tensorish, Value, contiguous_strides, domain_of, numel
@@ -63,17 +64,17 @@ def _no_half_to_float(node: Any) -> bool | str:
     return "softmax with half_to_float" if node.args[2] else True
 
 
-@lower(aten._softmax.default, family="softmax", dtypes=FLOAT_DTYPES, check=_no_half_to_float)
+@lower(aten._softmax.default, family=Family.SOFTMAX, dtypes=FLOAT_DTYPES, check=_no_half_to_float)
 def softmax(p: Planner, node: Any, x: Tensorish, dim: int, half_to_float: bool) -> Tensorish:
     return _softmax(p, x, dim, False)
 
 
-@lower(aten._log_softmax.default, family="softmax", dtypes=FLOAT_DTYPES, check=_no_half_to_float)
+@lower(aten._log_softmax.default, family=Family.SOFTMAX, dtypes=FLOAT_DTYPES, check=_no_half_to_float)
 def log_softmax(p: Planner, node: Any, x: Tensorish, dim: int, half_to_float: bool) -> Tensorish:
     return _softmax(p, x, dim, True)
 
 
-@lower(aten.native_layer_norm.default, family="normalization", dtypes=FLOAT_DTYPES)
+@lower(aten.native_layer_norm.default, family=Family.NORMALIZATION, dtypes=FLOAT_DTYPES)
 def layer_norm(
     p: Planner,
     node: Any,
@@ -141,7 +142,7 @@ def _rms_norm(
 
 if hasattr(aten, "_fused_rms_norm"):
 
-    @lower(aten._fused_rms_norm.default, family="normalization", dtypes=FLOAT_DTYPES)
+    @lower(aten._fused_rms_norm.default, family=Family.NORMALIZATION, dtypes=FLOAT_DTYPES)
     def fused_rms_norm(
         p: Planner, node: Any, x: Tensorish, normalized_shape: list[int], weight: Tensorish | None, eps: float | None
     ) -> tuple[Tensorish, Value]:
@@ -168,7 +169,7 @@ def _rstd_of(p: Planner, x: Tensorish, normalized_shape: list[int], eps: float |
     return p.materialize(r, dtype=meta.dtype)
 
 
-@lower(aten.native_group_norm.default, family="normalization", dtypes=FLOAT_DTYPES)
+@lower(aten.native_group_norm.default, family=Family.NORMALIZATION, dtypes=FLOAT_DTYPES)
 def group_norm(
     p: Planner,
     node: Any,
@@ -300,7 +301,10 @@ def _bn_check(node: Any) -> bool | str:
 
 # momentum only updates the running statistics, which inference leaves alone (training is declined)
 @lower(
-    aten._native_batch_norm_legit_no_training.default, family="normalization", dtypes=FLOAT_DTYPES, reads=("momentum",)
+    aten._native_batch_norm_legit_no_training.default,
+    family=Family.NORMALIZATION,
+    dtypes=FLOAT_DTYPES,
+    reads=("momentum",),
 )
 def batch_norm_no_training(
     p: Planner,
@@ -317,7 +321,11 @@ def batch_norm_no_training(
 
 
 @lower(
-    aten.native_batch_norm.default, family="normalization", dtypes=FLOAT_DTYPES, check=_bn_check, reads=("momentum",)
+    aten.native_batch_norm.default,
+    family=Family.NORMALIZATION,
+    dtypes=FLOAT_DTYPES,
+    check=_bn_check,
+    reads=("momentum",),
 )
 def native_batch_norm(
     p: Planner,
@@ -352,7 +360,7 @@ def _sdpa_check(node: Any) -> bool | str:
     return True
 
 
-@lower(aten._scaled_dot_product_flash_attention_for_cpu.default, family="attention", check=_sdpa_check)
+@lower(aten._scaled_dot_product_flash_attention_for_cpu.default, family=Family.ATTENTION, check=_sdpa_check)
 def sdpa(
     p: Planner,
     node: Any,
@@ -439,7 +447,7 @@ def _pool_input_dtype(node: Any) -> bool | str:
 
 
 # ceil_mode: through the output's shape; the kernel clips windows at the input's edge
-@lower(aten.max_pool2d_with_indices.default, family="pooling", check=_pool_input_dtype, reads=("ceil_mode",))
+@lower(aten.max_pool2d_with_indices.default, family=Family.POOLING, check=_pool_input_dtype, reads=("ceil_mode",))
 def max_pool2d(
     p: Planner,
     node: Any,
@@ -476,7 +484,7 @@ def max_pool2d(
 
 
 # ceil_mode: through the output's shape; the kernel clips windows (and their divisor) at the edge
-@lower(aten.avg_pool2d.default, family="pooling", dtypes={torch.float32, torch.float64}, reads=("ceil_mode",))
+@lower(aten.avg_pool2d.default, family=Family.POOLING, dtypes={torch.float32, torch.float64}, reads=("ceil_mode",))
 def avg_pool2d(
     p: Planner,
     node: Any,
@@ -513,7 +521,7 @@ def avg_pool2d(
 @lower(
     aten._adaptive_avg_pool2d.default,
     aten.adaptive_avg_pool2d.default,
-    family="pooling",
+    family=Family.POOLING,
     dtypes={torch.float32, torch.float64},
     reads=("output_size",),  # the output's shape
 )

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from torchburn.planning import Family
+
 from ..planner import Planner
 from ..values import SUPPORTED_DTYPES, Lazy, Tensorish, Value, contiguous_strides, domain_of
 from . import lower
@@ -71,10 +73,10 @@ for _op in dict.fromkeys(VIEW_OPS):
     if _op is aten.view_as_real.default:
         continue
     # expand's ``implicit`` only records how the expand came about
-    lower(_op, family="view", dtypes=ANY, reads=("implicit",) if _op is aten.expand.default else ())(_view_op(_op))
+    lower(_op, family=Family.VIEW, dtypes=ANY, reads=("implicit",) if _op is aten.expand.default else ())(_view_op(_op))
 
 
-@lower(aten.cat.default, family="copy", dtypes=ANY)
+@lower(aten.cat.default, family=Family.COPY, dtypes=ANY)
 def cat(p: Planner, node: Any, tensors: list[Tensorish], dim: int = 0) -> Value:
     meta = p.out_meta()
     out = p.new_value(tuple(meta.shape), meta.dtype)
@@ -98,7 +100,7 @@ def _as_shape(dest: Value, out: Value, dim: int, size: int) -> Value:
     return dest.with_view(tuple(shape), out.strides, dest.offset)
 
 
-@lower(aten.stack.default, family="copy", dtypes=ANY)
+@lower(aten.stack.default, family=Family.COPY, dtypes=ANY)
 def stack(p: Planner, node: Any, tensors: list[Tensorish], dim: int = 0) -> Value:
     meta = p.out_meta()
     out = p.new_value(tuple(meta.shape), meta.dtype)
@@ -116,7 +118,7 @@ def stack(p: Planner, node: Any, tensors: list[Tensorish], dim: int = 0) -> Valu
     return out
 
 
-@lower(aten.constant_pad_nd.default, family="copy", dtypes=ANY)
+@lower(aten.constant_pad_nd.default, family=Family.COPY, dtypes=ANY)
 def constant_pad_nd(p: Planner, node: Any, x: Tensorish, pad: list[int], value: float = 0) -> Value:
     meta = p.out_meta()
     out = p.new_value(tuple(meta.shape), meta.dtype)
@@ -144,7 +146,7 @@ def constant_pad_nd(p: Planner, node: Any, x: Tensorish, pad: list[int], value: 
     return out
 
 
-@lower(aten.repeat.default, family="copy", dtypes=ANY)
+@lower(aten.repeat.default, family=Family.COPY, dtypes=ANY)
 def repeat(p: Planner, node: Any, x: Tensorish, repeats: list[int]) -> Value:
     meta = p.out_meta()
     out = p.new_value(tuple(meta.shape), meta.dtype)

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from torchburn.attention_shapes import grouped_heads
+from torchburn.planning import Family
 
 from ..kernels import Launch, f32_bits, grid, params
 from ..planner import INDEX, Expr, Lazy, PlanError, Planner
@@ -50,7 +51,7 @@ def _sdpa_check(spec: Any) -> bool | str:
     return True
 
 
-@lower(aten._scaled_dot_product_flash_attention_for_cpu.default, family="attention", check=_sdpa_check)
+@lower(aten._scaled_dot_product_flash_attention_for_cpu.default, family=Family.ATTENTION, check=_sdpa_check)
 def _sdpa(p: Planner, node: FxNode, args: list[Any], out: Any) -> tuple[Value, Value]:
     q, k, v = (p.materialize(x) for x in args[:3])
     causal = bool(args[4]) if len(args) > 4 else bool(node.kwargs.get("is_causal", False))

@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from torchburn.planning import Family
+
 from ..planner import INDEX, Expr, Lazy, Planner, cast, constant
 from ..values import KINDS, Value
 from . import ALL, ANY, F32_HALF, FLOATS, INTS, NUMERIC, FxNode, lower, shape_of
@@ -63,7 +65,7 @@ UNARY_FLOAT = {
 }
 
 
-@lower(UNARY_FLOAT, family="elementwise", dtypes=F32_HALF)
+@lower(UNARY_FLOAT, family=Family.ELEMENTWISE, dtypes=F32_HALF)
 def _unary_float(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     return expression(p, UNARY_FLOAT[node.target], [args[0]], out)
 
@@ -71,13 +73,13 @@ def _unary_float(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
 SIGNED = {aten.neg.default: "(-{0})", aten.abs.default: "abs({0})"}
 
 
-@lower(aten.relu.default, family="elementwise", dtypes=FLOATS | INTS)
+@lower(aten.relu.default, family=Family.ELEMENTWISE, dtypes=FLOATS | INTS)
 def _relu(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     template = {"f32": "tb_max({0}, 0.0)", "f64": "tb_max64({0}, 0.0lf)", "i32": "max({0}, 0i)"}
     return expression(p, template[KINDS[out.dtype]], [args[0]], out)
 
 
-@lower(SIGNED, family="elementwise", dtypes=FLOATS | INTS)
+@lower(SIGNED, family=Family.ELEMENTWISE, dtypes=FLOATS | INTS)
 def _signed(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     return expression(p, SIGNED[node.target], [args[0]], out)
 
@@ -87,7 +89,7 @@ def _gelu_check(spec: Any) -> bool | str:
     return True if approximate in ("none", "tanh") else f"gelu approximate={approximate!r}"
 
 
-@lower(aten.gelu.default, family="elementwise", dtypes=F32_HALF, check=_gelu_check)
+@lower(aten.gelu.default, family=Family.ELEMENTWISE, dtypes=F32_HALF, check=_gelu_check)
 def _gelu(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     fn = "tb_gelu_tanh" if node.kwargs.get("approximate", "none") == "tanh" else "tb_gelu_erf"
     return expression(p, fn + "({0})", [args[0]], out)
@@ -111,7 +113,7 @@ FLOAT_MAXMIN = {
 }
 
 
-@lower(ARITH, family="elementwise", dtypes=ALL)
+@lower(ARITH, family=Family.ELEMENTWISE, dtypes=ALL)
 def _arith(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     template = FLOAT_MAXMIN.get(out.dtype, {}).get(node.target, ARITH[node.target])
     # bools add and multiply as 0/1 integers, then turn back into bools (True + True is True)
@@ -134,7 +136,7 @@ def _true_division(spec: Any) -> bool | str:
     return True if spec.kwargs.get("rounding_mode") is None else "div with rounding_mode"
 
 
-@lower(FLOAT_BINARY, family="elementwise", dtypes=NUMERIC | F32_HALF, check=_true_division)
+@lower(FLOAT_BINARY, family=Family.ELEMENTWISE, dtypes=NUMERIC | F32_HALF, check=_true_division)
 def _float_binary(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     if KINDS[out.dtype] != "f32":
         from ..planner import PlanError
@@ -148,7 +150,7 @@ def _rounded_division(spec: Any) -> bool | str:
     return True if mode in ("floor", "trunc") else f"div with rounding_mode={mode!r}"
 
 
-@lower(aten.div.Tensor_mode, family="elementwise", dtypes=NUMERIC, check=_rounded_division)
+@lower(aten.div.Tensor_mode, family=Family.ELEMENTWISE, dtypes=NUMERIC, check=_rounded_division)
 def _div_rounded(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     floor = node.kwargs["rounding_mode"] == "floor"
     if KINDS[out.dtype] == "f32":
@@ -163,7 +165,7 @@ def _div_rounded(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     return expression(p, template, args[:2], out, compute="i32")
 
 
-@lower([aten.remainder.Scalar, aten.remainder.Tensor], family="elementwise", dtypes=NUMERIC)
+@lower([aten.remainder.Scalar, aten.remainder.Tensor], family=Family.ELEMENTWISE, dtypes=NUMERIC)
 def _remainder(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     """Python's modulo: the result takes the divisor's sign."""
     if KINDS[out.dtype] == "f32":
@@ -173,7 +175,7 @@ def _remainder(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     return expression(p, template, args[:2], out, compute="i32")
 
 
-@lower(aten.elu.default, family="elementwise")
+@lower(aten.elu.default, family=Family.ELEMENTWISE)
 def _elu(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     alpha = float(args[1]) if len(args) > 1 else 1.0
     scale = float(args[2]) if len(args) > 2 else 1.0
@@ -188,7 +190,7 @@ for _name, _symbol in (("gt", ">"), ("lt", "<"), ("ge", ">="), ("le", "<="), ("e
         COMPARE[getattr(getattr(aten, _name), _overload)] = f"({{0}} {_symbol} {{1}})"
 
 
-@lower(COMPARE, family="elementwise", dtypes=ALL)
+@lower(COMPARE, family=Family.ELEMENTWISE, dtypes=ALL)
 def _compare(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     # in the operands' promoted kind: a float anywhere compares as float, else as integers
     kinds = {kind_of(x) for x in args[:2]}
@@ -216,17 +218,17 @@ def _bool_bitwise(spec: Any) -> bool | str:
     return True
 
 
-@lower(LOGICAL, family="elementwise", dtypes=ANY, check=_bool_bitwise)
+@lower(LOGICAL, family=Family.ELEMENTWISE, dtypes=ANY, check=_bool_bitwise)
 def _logical(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     return expression(p, LOGICAL[node.target], args[:2], out, compute="bool")
 
 
-@lower([aten.logical_not.default, aten.bitwise_not.default], family="elementwise", dtypes=ANY, check=_bool_bitwise)
+@lower([aten.logical_not.default, aten.bitwise_not.default], family=Family.ELEMENTWISE, dtypes=ANY, check=_bool_bitwise)
 def _logical_not(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     return expression(p, "(!{0})", args[:1], out, compute="bool")
 
 
-@lower(aten.where.self, family="elementwise", dtypes=ALL)
+@lower(aten.where.self, family=Family.ELEMENTWISE, dtypes=ALL)
 def _where(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     shape = shape_of(out)
     kind = KINDS[out.dtype]
@@ -237,7 +239,7 @@ def _where(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
 
 @lower(
     [aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.hardtanh.default],
-    family="elementwise",
+    family=Family.ELEMENTWISE,
     dtypes=F32_HALF,
 )
 def _clamp(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
@@ -260,7 +262,7 @@ def _clamp(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     return expression(p, template, operands, out)
 
 
-@lower(aten.leaky_relu.default, family="elementwise")
+@lower(aten.leaky_relu.default, family=Family.ELEMENTWISE)
 def _leaky_relu(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     slope = float(args[1]) if len(args) > 1 else 0.01
     return expression(p, "select({0} * {1}, {0}, {0} > 0.0 || tb_isnan({0}))", [args[0], slope], out)
@@ -273,7 +275,7 @@ def _stays_here(spec: Any) -> bool | str:
 
 @lower(
     [aten.clone.default, aten._to_copy.default, aten.lift_fresh_copy.default],
-    family="elementwise",
+    family=Family.ELEMENTWISE,
     dtypes=ALL,
     check=_stays_here,
 )
@@ -283,7 +285,7 @@ def _copy_of(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
 
 
 # ``self`` gives only the output's shape and dtype, which the output's meta carries
-@lower(aten.copy.default, family="elementwise", dtypes=ALL, reads=("self",))
+@lower(aten.copy.default, family=Family.ELEMENTWISE, dtypes=ALL, reads=("self",))
 def _copy(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     return expression(p, "{0}", [args[1]], out, compute=kind_of(args[1]))
 
@@ -296,7 +298,7 @@ def _fill_value(node: FxNode, args: list[Any]) -> Any:
 
 @lower(
     [aten.full.default, aten.full_like.default, aten.scalar_tensor.default],
-    family="elementwise",
+    family=Family.ELEMENTWISE,
     dtypes=ALL,
     check=_stays_here,
 )
@@ -306,7 +308,7 @@ def _full(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
 
 
 # ``end`` sets the output's length, which its meta carries
-@lower(aten.arange.start_step, family="elementwise", dtypes=NUMERIC, check=_stays_here, reads=("end",))
+@lower(aten.arange.start_step, family=Family.ELEMENTWISE, dtypes=NUMERIC, check=_stays_here, reads=("end",))
 def _arange(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     start = args[0]
     step = args[2] if len(args) > 2 else node.kwargs.get("step", 1)
@@ -318,7 +320,7 @@ def _arange(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
 
 
 # momentum only updates the running statistics, which inference leaves alone
-@lower(aten._native_batch_norm_legit_no_training.default, family="norm", reads=("momentum",))
+@lower(aten._native_batch_norm_legit_no_training.default, family=Family.NORMALIZATION, reads=("momentum",))
 def _batch_norm(p: Planner, node: FxNode, args: list[Any], out: Any) -> tuple[Lazy, Value, Value]:
     """Inference batch norm is a per-channel scale and shift: an expression, fused with its neighbours
     (a following ReLU, a residual add) into one sweep."""

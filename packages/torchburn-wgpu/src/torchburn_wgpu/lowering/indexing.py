@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from torchburn.planning import Family
+
 from ..kernels import Launch, grid, params
 from ..planner import Expr, Lazy, PlanError, Planner, cast
 from ..shaders import source
@@ -51,7 +53,9 @@ def _index_value(p: Planner, x: Any) -> Value:
 
 
 # padding_idx, scale_grad_by_freq and sparse change only the gradient
-@lower(aten.embedding.default, family="indexing", dtypes=ANY, reads=("padding_idx", "scale_grad_by_freq", "sparse"))
+@lower(
+    aten.embedding.default, family=Family.INDEXING, dtypes=ANY, reads=("padding_idx", "scale_grad_by_freq", "sparse")
+)
 def _embedding(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
     weight, ids = p.materialize(args[0]), _index_value(p, args[1])
     result = p.new_value(weight.dtype, shape_of(out))
@@ -92,7 +96,7 @@ def _select_along(p: Planner, x: Value, dim: int, idx: Value, out: Any) -> Value
     return result
 
 
-@lower(aten.index_select.default, family="indexing", dtypes=ANY)
+@lower(aten.index_select.default, family=Family.INDEXING, dtypes=ANY)
 def _index_select(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
     x = p.materialize(args[0])
     dim = args[1] % max(x.rank, 1)
@@ -104,7 +108,7 @@ def _integer_indices(spec: Any) -> bool | str:
     return "indexing by a boolean mask (its result's size depends on the values)" if bools else True
 
 
-@lower(aten.index.Tensor, family="indexing", dtypes=ANY, check=_integer_indices)
+@lower(aten.index.Tensor, family=Family.INDEXING, dtypes=ANY, check=_integer_indices)
 def _index(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
     x = p.materialize(args[0])
     given = [(d, _index_value(p, i)) for d, i in enumerate(args[1]) if i is not None]
@@ -158,7 +162,7 @@ def _index_many(p: Planner, x: Value, given: list[tuple[int, Value]], out: Any) 
     return result
 
 
-@lower(aten.gather.default, family="indexing", dtypes=ANY, reads=("sparse_grad",))  # gradient layout only
+@lower(aten.gather.default, family=Family.INDEXING, dtypes=ANY, reads=("sparse_grad",))  # gradient layout only
 def _gather(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
     x, idx = p.materialize(args[0]), _index_value(p, args[2])
     dim = args[1] % max(x.rank, 1)
@@ -178,7 +182,7 @@ def _gather(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
     return result
 
 
-@lower(aten.scatter.src, family="indexing", dtypes=ANY)
+@lower(aten.scatter.src, family=Family.INDEXING, dtypes=ANY)
 def _scatter(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
     """A copy of ``x``, then each ``src`` element written where its index says along ``dim``. Where two
     elements land on one place, which one stays is unspecified (as in PyTorch)."""

@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from torchburn.planning import Family
+
 from ..kernels import Launch, grid, params
 from ..planner import Planner
 from ..shaders import source
@@ -60,7 +62,7 @@ def _pool_check(spec: Any) -> bool | str:
 # ceil_mode: through the output's shape; the kernel clips windows (and their divisor) at the edge
 @lower(
     aten.max_pool2d_with_indices.default,
-    family="pooling",
+    family=Family.POOLING,
     dtypes=frozenset({torch.float32, torch.int64}),
     check=_pool_check,
     reads=("ceil_mode",),
@@ -74,7 +76,7 @@ def _max_pool(p: Planner, node: FxNode, args: list[Any], out: Any) -> tuple[Valu
     return _pool(p, x, shape_of(out[0]), kernel, stride, padding, dilation, True, False, 0)
 
 
-@lower(aten.avg_pool2d.default, family="pooling", check=_pool_check, reads=("ceil_mode",))
+@lower(aten.avg_pool2d.default, family=Family.POOLING, check=_pool_check, reads=("ceil_mode",))
 def _avg_pool(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
     x = p.materialize(args[0])
     kernel = _pair(args[1], [])

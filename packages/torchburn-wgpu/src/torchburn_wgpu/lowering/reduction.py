@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from torchburn.planning import Family
+
 from ..device import gpu
 from ..kernels import Launch, f32_bits, grid, params, reduce_source, softmax_source
 from ..planner import Expr, Lazy, PlanError, Planner
@@ -56,7 +58,7 @@ def _dims(node: FxNode, args: list[Any], rank: int) -> set[int]:
     return {d % max(rank, 1) for d in arg}
 
 
-@lower(REDUCE, family="reduce", dtypes=ANY, check=_reduce_check)
+@lower(REDUCE, family=Family.REDUCTION, dtypes=ANY, check=_reduce_check)
 def _reduce(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
     x = p.materialize(args[0])
     return reduce(p, REDUCE[node.target], x, _dims(node, args, x.rank), shape_of(out), out.dtype)
@@ -85,7 +87,7 @@ def _var_check(spec: Any) -> bool | str:
     return True if x is not None and x.dtype == torch.float32 else "variance of a non-float32 tensor"
 
 
-@lower(aten.var.correction, family="reduce", check=_var_check, reads=("keepdim",))  # through the output's shape
+@lower(aten.var.correction, family=Family.REDUCTION, check=_var_check, reads=("keepdim",))  # through the output's shape
 def _var(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     """Two passes, as PyTorch does: the mean, then the mean square deviation from it (no cancellation)."""
     x = p.materialize(args[0])
@@ -111,7 +113,7 @@ def _no_half_to_float(spec: Any) -> bool | str:
     return "softmax with half_to_float" if spec.args[2] else True
 
 
-@lower([aten._softmax.default, aten._log_softmax.default], family="softmax", check=_no_half_to_float)
+@lower([aten._softmax.default, aten._log_softmax.default], family=Family.SOFTMAX, check=_no_half_to_float)
 def _softmax(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
     return softmax(p, p.materialize(args[0]), args[1], log=node.target == aten._log_softmax.default)
 
@@ -158,7 +160,7 @@ def normalize_rows(
     return y, mean, rstd
 
 
-@lower(aten.native_layer_norm.default, family="norm")
+@lower(aten.native_layer_norm.default, family=Family.NORMALIZATION)
 def _layer_norm(p: Planner, node: FxNode, args: list[Any], out: Any) -> tuple[Value, Value, Value]:
     x = p.dense(args[0])
     normalized, weight, bias, eps = args[1], args[2], args[3], float(args[4])
@@ -170,7 +172,7 @@ def _layer_norm(p: Planner, node: FxNode, args: list[Any], out: Any) -> tuple[Va
     return normalize_rows(p, x, length, eps, w, b, shape_of(out[1]))
 
 
-@lower(aten.native_group_norm.default, family="norm")
+@lower(aten.native_group_norm.default, family=Family.NORMALIZATION)
 def _group_norm(p: Planner, node: FxNode, args: list[Any], out: Any) -> tuple[Any, Value, Value]:
     """Each (sample, group) is a row of the layer-norm kernel; the per-channel affine that follows is
     an expression, fused into whatever reads the result."""

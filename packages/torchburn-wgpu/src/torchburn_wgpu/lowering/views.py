@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from torchburn.planning import Family
+
 from ..planner import Expr, Lazy, Planner, constant
 from ..values import KINDS, Value
 from . import ALL, FxNode, lower, shape_of
@@ -83,7 +85,7 @@ def _reshaped(lazy: Lazy, node: FxNode, args: list[Any]) -> Lazy | None:
         return None
 
 
-@lower(VIEWS, family="view", dtypes=ALL, reads=("implicit",))  # expand's implicit only says how it came about
+@lower(VIEWS, family=Family.VIEW, dtypes=ALL, reads=("implicit",))  # expand's implicit only says how it came about
 def _view(p: Planner, node: FxNode, args: list[Any], out: Any) -> Any:
     if isinstance(args[0], Lazy) and node.target in ORDER_KEEPING:
         reshaped = _reshaped(args[0], node, args)
@@ -98,7 +100,7 @@ def _view(p: Planner, node: FxNode, args: list[Any], out: Any) -> Any:
         return _layout(x, node.target(x.meta(), *args[1:], **node.kwargs))
 
 
-@lower(aten.cat.default, family="view", dtypes=ALL)
+@lower(aten.cat.default, family=Family.VIEW, dtypes=ALL)
 def _cat(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
     result = p.new_value(out.dtype, shape_of(out))
     dim = args[1] if len(args) > 1 else node.kwargs.get("dim", 0)
@@ -122,7 +124,7 @@ def _converted(p: Planner, x: Value | Lazy, dtype: torch.dtype) -> Value | Lazy:
     return Lazy(cast(p.lazy(x, x.shape), KINDS[dtype]), dtype, x.shape)
 
 
-@lower(aten.constant_pad_nd.default, family="view", dtypes=ALL)
+@lower(aten.constant_pad_nd.default, family=Family.VIEW, dtypes=ALL)
 def _pad(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
     x, pads = args[0], list(args[1])
     value = args[2] if len(args) > 2 else node.kwargs.get("value", 0)

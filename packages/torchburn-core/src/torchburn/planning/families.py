@@ -1,0 +1,28 @@
+"""The one vocabulary of op families, shared by every engine's lowering table, ``torchburn ops`` and the
+docs: the same op is in the same family whichever engine runs it, and an engine's kernel files are
+named after the families they serve."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Family(str, Enum):
+    ELEMENTWISE = "elementwise"  # arithmetic and math functions, fused into one sweep
+    ACTIVATION = "activation"  # GELU, SiLU, hardswish and friends
+    COMPARISON = "comparison"  # eq, lt, isnan, ... (bool results)
+    CONVERSION = "conversion"  # dtype casts
+    CONSTANT = "constant"  # full, zeros, arange and the *_like factories
+    VIEW = "view"  # reshape, permute, slice, expand: no data moves
+    COPY = "copy"  # clone, cat, stack, pad: data moves, values do not change
+    INDEXING = "indexing"  # gather, scatter, index, embedding
+    REDUCTION = "reduction"  # sum, mean, amax, argmax, var
+    SOFTMAX = "softmax"
+    NORMALIZATION = "normalization"  # layer, group, batch and RMS norms
+    MATMUL = "matmul"  # mm, bmm, addmm, baddbmm
+    CONVOLUTION = "convolution"
+    POOLING = "pooling"
+    ATTENTION = "attention"  # fused scaled-dot-product attention
+
+    def __str__(self) -> str:
+        return self.value
