@@ -9,17 +9,21 @@ GELU is one sweep over memory, not four.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.fx
+
+from torchburn.planning import GraphWalk, LoweringTable, PlanError
 
 from .kernels import Launch, elementwise_source, f32_literal, f64_literal, grid, params
-from .values import KINDS, WGSL_TYPES, Value, broadcast_strides, contiguous, numel
+from .values import KINDS, SUPPORTED_DTYPES, WGSL_TYPES, Value, broadcast_strides, contiguous, numel
 
+# the engine's lowerings (filled by ``lowering/``, one module per family)
+TABLE = LoweringTable("wgpu")
 
-class PlanError(Exception):
-    """A node this engine accepted cannot be planned for these concrete layouts."""
+__all__ = ["TABLE", "Expr", "Lazy", "PlanError", "Planner", "Slot", "Tensorish"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,14 +64,29 @@ class Slot:
     input_index: int | None = None  # the region input it holds, if any
 
 
-@dataclass
-class Planner:
-    max_bindings: int  # storage buffers a kernel may bind (the adapter's per-stage limit)
-    slots: list[Slot] = field(default_factory=list)
-    launches: list[Launch] = field(default_factory=list)
-    error_slot: int | None = None  # a word kernels set when an index is out of range
-    # the keyword arguments of the node being lowered, tensors as planner values (e.g. attn_mask)
-    kwargs: dict[str, Any] = field(default_factory=dict)
+class Planner(GraphWalk):
+    """Plans one region at concrete input layouts into kernel launches (see the module docs)."""
+
+    table = TABLE
+
+    def __init__(self, gm: torch.fx.GraphModule, args: Sequence[Any], max_bindings: int) -> None:
+        super().__init__(gm, args)
+        self.max_bindings = max_bindings  # storage buffers a kernel may bind (the adapter's per-stage limit)
+        self.slots: list[Slot] = []
+        self.launches: list[Launch] = []
+        self.error_slot: int | None = None  # a word kernels set when an index is out of range
+
+    def bind_input(self, position: int, tensor_index: int, tensor: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        if tensor.dtype not in SUPPORTED_DTYPES:
+            raise PlanError(f"input of dtype {tensor.dtype}")
+        shape = tuple(tensor.shape)
+        n = tensor.numel()
+        # inputs are uploaded as contiguous copies of their logical values
+        value = Value(self.new_slot(tensor.dtype, n, position), tensor.dtype, shape, contiguous(shape), 0, n)
+        return value, torch.empty(shape, dtype=tensor.dtype, device="meta")
+
+    def is_lazy(self, value: Any) -> bool:
+        return isinstance(value, Lazy)
 
     def error_flag(self) -> int:
         """The slot of the region's error flag, made on first use."""

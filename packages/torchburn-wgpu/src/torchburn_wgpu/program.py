@@ -9,7 +9,6 @@ whose lifetimes do not overlap.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import itertools
@@ -22,20 +21,19 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from torchburn.cpp_helpers import assert_size_stride
+from torchburn.planning import PlannedRegion, signature
 
 from .device import DeviceLost, Gpu
 from .kernels import Launch, PipelineCache
-from .lowering import LOWERINGS
+from .lowering import TABLE  # noqa: F401  (importing the lowerings fills the table)
 from .planner import Lazy, PlanError, Planner
-from .values import SUPPORTED_DTYPES, WORD, Value, contiguous, element_bytes, numel, padded
+from .values import WORD, contiguous, element_bytes, numel, padded
 
 Result = TypeVar("Result")
 
 _pipeline_caches: dict[int, PipelineCache] = {}
-_RECENT: collections.deque[CompiledRegion] = collections.deque(maxlen=64)
 
 # a region keeps the plans of this many input signatures, dropping the least recently used beyond that:
 # each plan holds GPU buffers for every input (weights included) and intermediate, so inputs of ever new
@@ -60,7 +58,7 @@ def recording_plans() -> Iterator[list[Plan]]:
 
 def recent_regions() -> list[CompiledRegion]:
     """The regions compiled most recently in this process (newest last), for inspection and tests."""
-    return list(_RECENT)
+    return CompiledRegion.recent_regions()
 
 
 def pipelines(gpu: Gpu) -> PipelineCache:
@@ -68,10 +66,6 @@ def pipelines(gpu: Gpu) -> PipelineCache:
     if cache is None:
         cache = _pipeline_caches[id(gpu.device)] = PipelineCache(gpu.device)
     return cache
-
-
-def signature(args: Sequence[Any]) -> tuple[Any, ...]:
-    return tuple((tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
 
 
 def _laid_out_as(args: Sequence[Any], key: tuple[Any, ...]) -> bool:
@@ -102,62 +96,8 @@ class OutputSpec:
 
 def plan_region(gm: torch.fx.GraphModule, args: Sequence[Any], max_bindings: int) -> tuple[Planner, list[Any]]:
     """Walk the graph once with these concrete inputs; returns the planner and the output values."""
-    p = Planner(max_bindings)
-    env: dict[torch.fx.Node, Any] = {}
-    metas: dict[torch.fx.Node, Any] = {}
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for i, (node, arg) in enumerate(zip(placeholders, args, strict=True)):
-        if isinstance(arg, torch.Tensor):
-            if arg.dtype not in SUPPORTED_DTYPES:
-                raise PlanError(f"input of dtype {arg.dtype}")
-            shape = tuple(arg.shape)
-            numel = arg.numel()
-            # inputs are uploaded as contiguous copies of their logical values
-            env[node] = Value(p.new_slot(arg.dtype, numel, i), arg.dtype, shape, contiguous(shape), 0, numel)
-            metas[node] = torch.empty(shape, dtype=arg.dtype, device="meta")
-        else:
-            env[node] = metas[node] = arg
-    users = {n: len(n.users) for n in gm.graph.nodes}
-    outputs: list[Any] = []
-    for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            continue
-        if node.op == "output":
-            outputs = list(torch.fx.node.map_arg(node.args[0], lambda n: env[n]))
-            break
-        if node.op != "call_function":
-            raise PlanError(f"unexpected node {node.op}")
-        meta_args = torch.fx.node.map_arg(node.args, lambda n: metas[n])
-        meta_kwargs = dict(torch.fx.node.map_arg(node.kwargs, lambda n: metas[n]))
-        if "device" in meta_kwargs:  # shapes only: keep every value on the meta device
-            meta_kwargs["device"] = torch.device("meta")
-        try:
-            metas[node] = _on_meta(node.target(*meta_args, **meta_kwargs))
-        except (NotImplementedError, RuntimeError) as exc:
-            raise PlanError(f"{node.target}: its output shape depends on values ({exc})") from exc
-        if node.target is __import__("operator").getitem:
-            env[node] = env[node.args[0]][node.args[1]]
-            continue
-        lowering = LOWERINGS.get(node.target)
-        if lowering is None:
-            raise PlanError(f"no lowering for {node.target}")
-        args_now = list(torch.fx.node.map_arg(node.args, lambda n: env[n]))
-        p.kwargs = dict(torch.fx.node.map_arg(node.kwargs, lambda n: env[n]))
-        result = lowering(p, node, args_now, metas[node])
-        if isinstance(result, Lazy) and users[node] > 1:
-            result = p.materialize(result)  # computed once, read by each consumer
-        env[node] = result
-    return p, outputs
-
-
-def _on_meta(result: Any) -> Any:
-    """Results of ops that create tensors (``full``, ``scalar_tensor``) on the device their args
-    name, as meta tensors like every other value's."""
-    if isinstance(result, torch.Tensor) and result.device.type != "meta":
-        return torch.empty_strided(result.shape, result.stride(), dtype=result.dtype, device="meta")
-    if isinstance(result, (tuple, list)):
-        return type(result)(_on_meta(r) for r in result)
-    return result
+    planner = Planner(gm, args, max_bindings)
+    return planner, planner.walk()
 
 
 class Plan:
@@ -646,35 +586,30 @@ def _output(staged: torch.Tensor, out: OutputSpec, into: torch.Tensor | None = N
     return result
 
 
-class CompiledRegion:
+class CompiledRegion(PlannedRegion["Plan"]):
     """What core calls: a plan per input signature, built on first sight, run under a lock."""
 
+    plans_kept = PLANS_KEPT
+
     def __init__(self, gpu: Gpu, gm: torch.fx.GraphModule, out_strides: Sequence[Any]) -> None:
+        super().__init__(gm)
         self.gpu = gpu
-        self.graph_module = gm
         self.out_strides = list(out_strides)
-        # least recently used first; at most PLANS_KEPT
-        self.plans: collections.OrderedDict[tuple[Any, ...], Plan] = collections.OrderedDict()
         # the signature and plan of the last call: most calls repeat it, and checking each argument
         # against it in C++ is a quarter of the cost of building and hashing a signature (about 40 µs
         # for a ResNet-18's hundred parameters)
         self._last: tuple[tuple[Any, ...], Plan] | None = None
         self._lock = threading.Lock()
-        _RECENT.append(self)
+
+    def make_plan(self, args: Sequence[Any]) -> Plan:
+        return Plan(self.gpu, self.graph_module, args)
 
     def plan(self, args: Sequence[Any]) -> Plan:
         last = self._last
         if last is not None and _laid_out_as(args, last[0]):
             return last[1]
         key = signature(args)
-        plan = self.plans.get(key)
-        if plan is None:
-            with unset_fake_temporarily():
-                plan = self.plans[key] = Plan(self.gpu, self.graph_module, args)
-            while len(self.plans) > PLANS_KEPT:
-                self.plans.popitem(last=False)  # its buffers go with it
-        else:
-            self.plans.move_to_end(key)
+        plan = self.plan_for(args, key)
         self._last = (key, plan)
         return plan
 

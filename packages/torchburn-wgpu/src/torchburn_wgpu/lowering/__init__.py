@@ -1,29 +1,28 @@
-"""What each supported ATen op becomes on the GPU: the registry core partitions by, and the lowerings,
-one module per family (``elementwise``, ``views``, ``linalg``, ``reduction``, ``indexing``, ``pooling``).
+"""What each supported ATen op becomes on the GPU: the engine's lowering table (``planner.TABLE``, a
+:class:`torchburn.planning.LoweringTable`) filled by one module per family (``elementwise``, ``views``,
+``linalg``, ``reduction``, ``indexing``, ``pooling``, ``attention``).
 
-A lowering gets the planner, the FX node, its arguments (tensors as planner values, the rest as given)
-and the node's output as a meta tensor; it returns planner values (or lazy expressions) for the outputs.
+A lowering is ``fn(p, node, *args, **kwargs)``: the planner, the FX node and the op's arguments (tensors
+as planner values, the rest as given); ``p.out_meta()`` is the node's output as a meta tensor. It
+returns planner values (or lazy expressions) for the outputs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
-from torchburn.ops import OpRegistry
-
+from ..planner import TABLE
 from ..values import INTEGER_DTYPES
 
 aten = torch.ops.aten
 
-OPS = OpRegistry("wgpu")
-LOWERINGS: dict[Any, Callable[..., Any]] = {}
+OPS = TABLE.ops
+lower = TABLE.lower
 
 # a torch.fx.Node: typed loosely, since its args are a wide union no lowering benefits from
 FxNode = Any
-LoweringFn = TypeVar("LoweringFn", bound=Callable[..., Any])
 
 F32 = frozenset({torch.float32})
 # float16 is stored as f16 and computed in f32 (adapters with shader-f16): the generated elementwise
@@ -36,28 +35,6 @@ INTS = INTEGER_DTYPES
 NUMERIC = F32 | INTS
 ANY = F32 | INTS | BOOL
 ALL = ANY | FLOATS
-
-
-def lower(
-    ops: Any | Iterable[Any],
-    *,
-    family: str,
-    dtypes: frozenset[torch.dtype] = F32,
-    check: Any = None,
-    reads: Iterable[str] = (),
-) -> Callable[[LoweringFn], LoweringFn]:
-    """Registers ``fn(p, node, args, out)`` as the lowering of ``ops`` and enters them in the engine's
-    op table. The table declines a node that sets an argument ``fn`` (or ``check``) never reads;
-    ``reads`` names those honoured another way (through the output's shape, say)."""
-    overloads = [ops] if isinstance(ops, torch._ops.OpOverload) else list(ops)
-
-    def register(fn: LoweringFn) -> LoweringFn:
-        OPS.add(overloads, family=family, dtypes=dtypes, check=check, lowering=fn, convention="list", reads=reads)
-        for op in overloads:
-            LOWERINGS[op] = fn
-        return fn
-
-    return register
 
 
 def shape_of(meta: Any) -> tuple[int, ...]:
@@ -84,8 +61,8 @@ def keep_whole() -> frozenset[Any]:
 from . import attention, elementwise, indexing, linalg, pooling, reduction, views  # noqa: E402
 
 __all__ = [
-    "LOWERINGS",
     "OPS",
+    "TABLE",
     "attention",
     "elementwise",
     "indexing",

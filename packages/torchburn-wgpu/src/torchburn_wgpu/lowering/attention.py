@@ -20,7 +20,7 @@ from ..kernels import Launch, f32_bits, grid, params
 from ..planner import INDEX, Expr, Lazy, PlanError, Planner
 from ..shaders import source
 from ..values import Value, broadcast_strides
-from . import FxNode, lower
+from . import F32, FxNode, lower
 from .linalg import matmul
 from .reduction import softmax
 
@@ -51,8 +51,8 @@ def _sdpa_check(spec: Any) -> bool | str:
     return True
 
 
-@lower(aten._scaled_dot_product_flash_attention_for_cpu.default, family=Family.ATTENTION, check=_sdpa_check)
-def _sdpa(p: Planner, node: FxNode, args: list[Any], out: Any) -> tuple[Value, Value]:
+@lower(aten._scaled_dot_product_flash_attention_for_cpu.default, family=Family.ATTENTION, check=_sdpa_check, dtypes=F32)
+def _sdpa(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> tuple[Value, Value]:
     q, k, v = (p.materialize(x) for x in args[:3])
     causal = bool(args[4]) if len(args) > 4 else bool(node.kwargs.get("is_causal", False))
     mask_arg = node.kwargs.get("attn_mask")
@@ -66,9 +66,7 @@ def _sdpa(p: Planner, node: FxNode, args: list[Any], out: Any) -> tuple[Value, V
         raise PlanError(group)
     if b * h * length * s <= SCORES_IN_MEMORY and not _lse_used(node):
         k, v = _repeat_heads(p, k, group), _repeat_heads(p, v, group)
-        return _unfused(p, q, k, v, causal, p.kwargs.get("attn_mask"), scale), p.new_value(
-            torch.float32, (b, h, length)
-        )
+        return _unfused(p, q, k, v, causal, kwargs.get("attn_mask"), scale), p.new_value(torch.float32, (b, h, length))
     result = p.new_value(torch.float32, (b, h, length, ev))
     lse = p.new_value(torch.float32, (b, h, length))
     if result.numel == 0:
@@ -78,7 +76,7 @@ def _sdpa(p: Planner, node: FxNode, args: list[Any], out: Any) -> tuple[Value, V
     mask_slot = q.slot
     mask_bool = False
     if mask_arg is not None:
-        mask = p.materialize(p.kwargs["attn_mask"])
+        mask = p.materialize(kwargs["attn_mask"])
         mask_strides = broadcast_strides(mask, (b, h, length, s))
         words[7] = 1
         words += [mask.offset, *mask_strides]

@@ -3,6 +3,7 @@ kernel that finally writes a result; nothing here launches a kernel itself."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -11,7 +12,7 @@ from torchburn.planning import Family
 
 from ..planner import INDEX, Expr, Lazy, Planner, cast, constant
 from ..values import KINDS, Value
-from . import ALL, ANY, F32_HALF, FLOATS, INTS, NUMERIC, FxNode, lower, shape_of
+from . import ALL, ANY, F32, F32_HALF, FLOATS, INTS, NUMERIC, FxNode, lower, shape_of
 
 aten = torch.ops.aten
 
@@ -25,7 +26,7 @@ def kind_of(x: Any) -> str:
     return "i32" if isinstance(x, int) else "f32"
 
 
-def expression(p: Planner, template: str, operands: list[Any], out: Any, compute: str | None = None) -> Lazy:
+def expression(p: Planner, template: str, operands: Sequence[Any], out: Any, compute: str | None = None) -> Lazy:
     """``template`` over ``operands`` (each converted to ``compute``, by default the output's kind;
     Python scalars become exact constants of it), as a lazy result of the output's dtype and shape."""
     shape = shape_of(out)
@@ -66,7 +67,8 @@ UNARY_FLOAT = {
 
 
 @lower(UNARY_FLOAT, family=Family.ELEMENTWISE, dtypes=F32_HALF)
-def _unary_float(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
+def _unary_float(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    out = p.out_meta()
     return expression(p, UNARY_FLOAT[node.target], [args[0]], out)
 
 
@@ -74,13 +76,15 @@ SIGNED = {aten.neg.default: "(-{0})", aten.abs.default: "abs({0})"}
 
 
 @lower(aten.relu.default, family=Family.ELEMENTWISE, dtypes=FLOATS | INTS)
-def _relu(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
+def _relu(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    out = p.out_meta()
     template = {"f32": "tb_max({0}, 0.0)", "f64": "tb_max64({0}, 0.0lf)", "i32": "max({0}, 0i)"}
     return expression(p, template[KINDS[out.dtype]], [args[0]], out)
 
 
 @lower(SIGNED, family=Family.ELEMENTWISE, dtypes=FLOATS | INTS)
-def _signed(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
+def _signed(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    out = p.out_meta()
     return expression(p, SIGNED[node.target], [args[0]], out)
 
 
@@ -90,7 +94,8 @@ def _gelu_check(spec: Any) -> bool | str:
 
 
 @lower(aten.gelu.default, family=Family.ELEMENTWISE, dtypes=F32_HALF, check=_gelu_check)
-def _gelu(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
+def _gelu(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    out = p.out_meta()
     fn = "tb_gelu_tanh" if node.kwargs.get("approximate", "none") == "tanh" else "tb_gelu_erf"
     return expression(p, fn + "({0})", [args[0]], out)
 
@@ -114,7 +119,8 @@ FLOAT_MAXMIN = {
 
 
 @lower(ARITH, family=Family.ELEMENTWISE, dtypes=ALL)
-def _arith(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
+def _arith(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    out = p.out_meta()
     template = FLOAT_MAXMIN.get(out.dtype, {}).get(node.target, ARITH[node.target])
     # bools add and multiply as 0/1 integers, then turn back into bools (True + True is True)
     compute = "i32" if out.dtype == torch.bool else None
@@ -137,7 +143,8 @@ def _true_division(spec: Any) -> bool | str:
 
 
 @lower(FLOAT_BINARY, family=Family.ELEMENTWISE, dtypes=NUMERIC | F32_HALF, check=_true_division)
-def _float_binary(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
+def _float_binary(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    out = p.out_meta()
     if KINDS[out.dtype] != "f32":
         from ..planner import PlanError
 
@@ -151,7 +158,8 @@ def _rounded_division(spec: Any) -> bool | str:
 
 
 @lower(aten.div.Tensor_mode, family=Family.ELEMENTWISE, dtypes=NUMERIC, check=_rounded_division)
-def _div_rounded(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
+def _div_rounded(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    out = p.out_meta()
     floor = node.kwargs["rounding_mode"] == "floor"
     if KINDS[out.dtype] == "f32":
         return expression(p, ("floor" if floor else "trunc") + "({0} / {1})", args[:2], out)
@@ -166,8 +174,9 @@ def _div_rounded(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
 
 
 @lower([aten.remainder.Scalar, aten.remainder.Tensor], family=Family.ELEMENTWISE, dtypes=NUMERIC)
-def _remainder(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
+def _remainder(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
     """Python's modulo: the result takes the divisor's sign."""
+    out = p.out_meta()
     if KINDS[out.dtype] == "f32":
         return expression(p, "({0} - floor({0} / {1}) * {1})", args[:2], out)
     wrong_sign = "({0} % {1} != 0i) && (({0} % {1} < 0i) != ({1} < 0i))"
@@ -175,8 +184,9 @@ def _remainder(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     return expression(p, template, args[:2], out, compute="i32")
 
 
-@lower(aten.elu.default, family=Family.ELEMENTWISE)
-def _elu(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
+@lower(aten.elu.default, family=Family.ELEMENTWISE, dtypes=F32)
+def _elu(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    out = p.out_meta()
     alpha = float(args[1]) if len(args) > 1 else 1.0
     scale = float(args[2]) if len(args) > 2 else 1.0
     input_scale = float(args[3]) if len(args) > 3 else 1.0
@@ -191,7 +201,8 @@ for _name, _symbol in (("gt", ">"), ("lt", "<"), ("ge", ">="), ("le", "<="), ("e
 
 
 @lower(COMPARE, family=Family.ELEMENTWISE, dtypes=ALL)
-def _compare(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
+def _compare(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    out = p.out_meta()
     # in the operands' promoted kind: a float anywhere compares as float, else as integers
     kinds = {kind_of(x) for x in args[:2]}
     compute = "f64" if "f64" in kinds else "f32" if "f32" in kinds else "i32"
@@ -219,17 +230,20 @@ def _bool_bitwise(spec: Any) -> bool | str:
 
 
 @lower(LOGICAL, family=Family.ELEMENTWISE, dtypes=ANY, check=_bool_bitwise)
-def _logical(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
+def _logical(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    out = p.out_meta()
     return expression(p, LOGICAL[node.target], args[:2], out, compute="bool")
 
 
 @lower([aten.logical_not.default, aten.bitwise_not.default], family=Family.ELEMENTWISE, dtypes=ANY, check=_bool_bitwise)
-def _logical_not(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
+def _logical_not(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    out = p.out_meta()
     return expression(p, "(!{0})", args[:1], out, compute="bool")
 
 
 @lower(aten.where.self, family=Family.ELEMENTWISE, dtypes=ALL)
-def _where(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
+def _where(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    out = p.out_meta()
     shape = shape_of(out)
     kind = KINDS[out.dtype]
     cond = cast(p.lazy(args[0], shape), "bool")
@@ -242,7 +256,8 @@ def _where(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     family=Family.ELEMENTWISE,
     dtypes=F32_HALF,
 )
-def _clamp(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
+def _clamp(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    out = p.out_meta()
     if node.target == aten.clamp_min.default:
         lo, hi = args[1], None
     elif node.target == aten.clamp_max.default:
@@ -262,8 +277,9 @@ def _clamp(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
     return expression(p, template, operands, out)
 
 
-@lower(aten.leaky_relu.default, family=Family.ELEMENTWISE)
-def _leaky_relu(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
+@lower(aten.leaky_relu.default, family=Family.ELEMENTWISE, dtypes=F32)
+def _leaky_relu(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    out = p.out_meta()
     slope = float(args[1]) if len(args) > 1 else 0.01
     return expression(p, "select({0} * {1}, {0}, {0} > 0.0 || tb_isnan({0}))", [args[0], slope], out)
 
@@ -279,18 +295,20 @@ def _stays_here(spec: Any) -> bool | str:
     dtypes=ALL,
     check=_stays_here,
 )
-def _copy_of(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
+def _copy_of(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
     """A fresh tensor, converted to the output's dtype the way PyTorch converts (float to int truncates)."""
+    out = p.out_meta()
     return expression(p, "{0}", [args[0]], out, compute=kind_of(args[0]))
 
 
 # ``self`` gives only the output's shape and dtype, which the output's meta carries
 @lower(aten.copy.default, family=Family.ELEMENTWISE, dtypes=ALL, reads=("self",))
-def _copy(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
+def _copy(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    out = p.out_meta()
     return expression(p, "{0}", [args[1]], out, compute=kind_of(args[1]))
 
 
-def _fill_value(node: FxNode, args: list[Any]) -> Any:
+def _fill_value(node: FxNode, args: Sequence[Any]) -> Any:
     if node.target in (aten.full.default, aten.full_like.default):
         return args[1]
     return args[0]
@@ -302,14 +320,16 @@ def _fill_value(node: FxNode, args: list[Any]) -> Any:
     dtypes=ALL,
     check=_stays_here,
 )
-def _full(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
+def _full(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    out = p.out_meta()
     value = _fill_value(node, args)
     return expression(p, "{0}", [value], out)
 
 
 # ``end`` sets the output's length, which its meta carries
 @lower(aten.arange.start_step, family=Family.ELEMENTWISE, dtypes=NUMERIC, check=_stays_here, reads=("end",))
-def _arange(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
+def _arange(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    out = p.out_meta()
     start = args[0]
     step = args[2] if len(args) > 2 else node.kwargs.get("step", 1)
     compute = "i32" if KINDS[out.dtype] == "i32" else "f32"
@@ -320,10 +340,11 @@ def _arange(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
 
 
 # momentum only updates the running statistics, which inference leaves alone
-@lower(aten._native_batch_norm_legit_no_training.default, family=Family.NORMALIZATION, reads=("momentum",))
-def _batch_norm(p: Planner, node: FxNode, args: list[Any], out: Any) -> tuple[Lazy, Value, Value]:
+@lower(aten._native_batch_norm_legit_no_training.default, family=Family.NORMALIZATION, reads=("momentum",), dtypes=F32)
+def _batch_norm(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> tuple[Lazy, Value, Value]:
     """Inference batch norm is a per-channel scale and shift: an expression, fused with its neighbours
     (a following ReLU, a residual add) into one sweep."""
+    out = p.out_meta()
     x, weight, bias, mean, var = args[:5]
     eps = float(args[6])
     shape = shape_of(out[0])

@@ -56,7 +56,8 @@ def _index_value(p: Planner, x: Any) -> Value:
 @lower(
     aten.embedding.default, family=Family.INDEXING, dtypes=ANY, reads=("padding_idx", "scale_grad_by_freq", "sparse")
 )
-def _embedding(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
+def _embedding(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
+    out = p.out_meta()
     weight, ids = p.materialize(args[0]), _index_value(p, args[1])
     result = p.new_value(weight.dtype, shape_of(out))
     d = weight.shape[1]
@@ -97,7 +98,8 @@ def _select_along(p: Planner, x: Value, dim: int, idx: Value, out: Any) -> Value
 
 
 @lower(aten.index_select.default, family=Family.INDEXING, dtypes=ANY)
-def _index_select(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
+def _index_select(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
+    out = p.out_meta()
     x = p.materialize(args[0])
     dim = args[1] % max(x.rank, 1)
     return _select_along(p, x, dim, _index_value(p, args[2]), out)
@@ -109,7 +111,8 @@ def _integer_indices(spec: Any) -> bool | str:
 
 
 @lower(aten.index.Tensor, family=Family.INDEXING, dtypes=ANY, check=_integer_indices)
-def _index(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
+def _index(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
+    out = p.out_meta()
     x = p.materialize(args[0])
     given = [(d, _index_value(p, i)) for d, i in enumerate(args[1]) if i is not None]
     if len(given) == 1:
@@ -163,7 +166,8 @@ def _index_many(p: Planner, x: Value, given: list[tuple[int, Value]], out: Any) 
 
 
 @lower(aten.gather.default, family=Family.INDEXING, dtypes=ANY, reads=("sparse_grad",))  # gradient layout only
-def _gather(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
+def _gather(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
+    out = p.out_meta()
     x, idx = p.materialize(args[0]), _index_value(p, args[2])
     dim = args[1] % max(x.rank, 1)
     result = p.new_value(x.dtype, shape_of(out))
@@ -183,9 +187,10 @@ def _gather(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
 
 
 @lower(aten.scatter.src, family=Family.INDEXING, dtypes=ANY)
-def _scatter(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
+def _scatter(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
     """A copy of ``x``, then each ``src`` element written where its index says along ``dim``. Where two
     elements land on one place, which one stays is unspecified (as in PyTorch)."""
+    out = p.out_meta()
     x, idx, src = args[0], _index_value(p, args[2]), p.materialize(args[3])
     result = p.new_value(out.dtype, shape_of(out))
     p.materialize(Lazy(p.lazy(x, result.shape), out.dtype, result.shape), out=result)

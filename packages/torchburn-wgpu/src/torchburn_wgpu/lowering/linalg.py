@@ -11,7 +11,7 @@ from torchburn.planning import Family
 from ..kernels import B_STRIDED, B_VEC_ALONG_K, B_VEC_ALONG_N, Launch, conv_source, f32_bits, matmul_source, params
 from ..planner import Expr, Lazy, PlanError, Planner, constant
 from ..values import WGSL_TYPES, Value, broadcast_strides
-from . import FLOATS, FxNode, lower, shape_of
+from . import F32, FLOATS, FxNode, lower, shape_of
 
 aten = torch.ops.aten
 
@@ -119,12 +119,12 @@ def matmul(p: Planner, a: Value, b: Value, bias: Value | None, alpha: float, bet
 
 
 @lower([aten.mm.default, aten.bmm.default], family=Family.MATMUL, dtypes=FLOATS)
-def _mm(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value | Lazy:
+def _mm(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value | Lazy:
     return matmul(p, p.materialize(args[0]), p.materialize(args[1]), None, 1.0, 0.0)
 
 
 @lower(aten.addmm.default, family=Family.MATMUL, dtypes=FLOATS)
-def _addmm(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value | Lazy:
+def _addmm(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value | Lazy:
     bias, a, b = (p.materialize(x) for x in args[:3])
     shape = (a.shape[0], b.shape[1])
     bias = Value(bias.slot, bias.dtype, shape, broadcast_strides(bias, shape), bias.offset, bias.buffer_numel)
@@ -145,8 +145,9 @@ def _as_2d(v: Value) -> Value:
     return v.with_layout(v.meta().unsqueeze(2))
 
 
-@lower(aten.convolution.default, family=Family.CONVOLUTION, check=_conv_check)
-def _convolution(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value | Lazy:
+@lower(aten.convolution.default, family=Family.CONVOLUTION, check=_conv_check, dtypes=F32)
+def _convolution(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value | Lazy:
+    out = p.out_meta()
     x, w = _as_2d(p.materialize(args[0])), _as_2d(p.materialize(args[1]))
     bias = p.materialize(args[2]) if args[2] is not None else None
     # output_padding needs nothing here: the output shape (from PyTorch) already includes it

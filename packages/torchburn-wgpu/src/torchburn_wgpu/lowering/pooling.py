@@ -12,7 +12,7 @@ from ..kernels import Launch, grid, params
 from ..planner import Planner
 from ..shaders import source
 from ..values import Value
-from . import FxNode, lower, shape_of
+from . import F32, FxNode, lower, shape_of
 
 aten = torch.ops.aten
 
@@ -67,7 +67,8 @@ def _pool_check(spec: Any) -> bool | str:
     check=_pool_check,
     reads=("ceil_mode",),
 )
-def _max_pool(p: Planner, node: FxNode, args: list[Any], out: Any) -> tuple[Value, Value]:
+def _max_pool(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> tuple[Value, Value]:
+    out = p.out_meta()
     x = p.materialize(args[0])
     kernel = _pair(args[1], [])
     stride = _pair(args[2] if len(args) > 2 else None, kernel)
@@ -76,8 +77,9 @@ def _max_pool(p: Planner, node: FxNode, args: list[Any], out: Any) -> tuple[Valu
     return _pool(p, x, shape_of(out[0]), kernel, stride, padding, dilation, True, False, 0)
 
 
-@lower(aten.avg_pool2d.default, family=Family.POOLING, check=_pool_check, reads=("ceil_mode",))
-def _avg_pool(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
+@lower(aten.avg_pool2d.default, family=Family.POOLING, check=_pool_check, reads=("ceil_mode",), dtypes=F32)
+def _avg_pool(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
+    out = p.out_meta()
     x = p.materialize(args[0])
     kernel = _pair(args[1], [])
     stride = _pair(args[2] if len(args) > 2 else None, kernel)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -13,7 +14,7 @@ from ..kernels import Launch, f32_bits, grid, params, reduce_source, softmax_sou
 from ..planner import Expr, Lazy, PlanError, Planner
 from ..shaders import row_tree, source
 from ..values import WGSL_TYPES, Value, contiguous, numel
-from . import ANY, FxNode, lower, shape_of
+from . import ANY, F32, FxNode, lower, shape_of
 
 aten = torch.ops.aten
 
@@ -48,7 +49,7 @@ def _reduce_check(spec: Any) -> bool | str:
     return True if dtype in (None, torch.float32) else f"reduction to {dtype}"
 
 
-def _dims(node: FxNode, args: list[Any], rank: int) -> set[int]:
+def _dims(node: FxNode, args: Sequence[Any], rank: int) -> set[int]:
     """The reduced dims: a list, one int, or none given (all)."""
     arg = args[1] if len(args) > 1 and not isinstance(args[1], bool) else node.kwargs.get("dim")
     if arg is None or (isinstance(arg, (list, tuple)) and len(arg) == 0):
@@ -59,7 +60,8 @@ def _dims(node: FxNode, args: list[Any], rank: int) -> set[int]:
 
 
 @lower(REDUCE, family=Family.REDUCTION, dtypes=ANY, check=_reduce_check)
-def _reduce(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
+def _reduce(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
+    out = p.out_meta()
     x = p.materialize(args[0])
     return reduce(p, REDUCE[node.target], x, _dims(node, args, x.rank), shape_of(out), out.dtype)
 
@@ -87,9 +89,11 @@ def _var_check(spec: Any) -> bool | str:
     return True if x is not None and x.dtype == torch.float32 else "variance of a non-float32 tensor"
 
 
-@lower(aten.var.correction, family=Family.REDUCTION, check=_var_check, reads=("keepdim",))  # through the output's shape
-def _var(p: Planner, node: FxNode, args: list[Any], out: Any) -> Lazy:
+# keepdim: through the output's shape
+@lower(aten.var.correction, family=Family.REDUCTION, dtypes=F32, check=_var_check, reads=("keepdim",))
+def _var(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
     """Two passes, as PyTorch does: the mean, then the mean square deviation from it (no cancellation)."""
+    out = p.out_meta()
     x = p.materialize(args[0])
     dims = _dims(node, args, x.rank)
     keep_shape = tuple(1 if d in dims else s for d, s in enumerate(x.shape))
@@ -113,8 +117,8 @@ def _no_half_to_float(spec: Any) -> bool | str:
     return "softmax with half_to_float" if spec.args[2] else True
 
 
-@lower([aten._softmax.default, aten._log_softmax.default], family=Family.SOFTMAX, check=_no_half_to_float)
-def _softmax(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
+@lower([aten._softmax.default, aten._log_softmax.default], family=Family.SOFTMAX, check=_no_half_to_float, dtypes=F32)
+def _softmax(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
     return softmax(p, p.materialize(args[0]), args[1], log=node.target == aten._log_softmax.default)
 
 
@@ -160,8 +164,9 @@ def normalize_rows(
     return y, mean, rstd
 
 
-@lower(aten.native_layer_norm.default, family=Family.NORMALIZATION)
-def _layer_norm(p: Planner, node: FxNode, args: list[Any], out: Any) -> tuple[Value, Value, Value]:
+@lower(aten.native_layer_norm.default, family=Family.NORMALIZATION, dtypes=F32)
+def _layer_norm(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> tuple[Value, Value, Value]:
+    out = p.out_meta()
     x = p.dense(args[0])
     normalized, weight, bias, eps = args[1], args[2], args[3], float(args[4])
     length = 1
@@ -172,10 +177,11 @@ def _layer_norm(p: Planner, node: FxNode, args: list[Any], out: Any) -> tuple[Va
     return normalize_rows(p, x, length, eps, w, b, shape_of(out[1]))
 
 
-@lower(aten.native_group_norm.default, family=Family.NORMALIZATION)
-def _group_norm(p: Planner, node: FxNode, args: list[Any], out: Any) -> tuple[Any, Value, Value]:
+@lower(aten.native_group_norm.default, family=Family.NORMALIZATION, dtypes=F32)
+def _group_norm(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> tuple[Any, Value, Value]:
     """Each (sample, group) is a row of the layer-norm kernel; the per-channel affine that follows is
     an expression, fused into whatever reads the result."""
+    out = p.out_meta()
     x = p.dense(args[0])
     weight, bias, _, c, hw, groups, eps = args[1:8]
     y, mean, rstd = normalize_rows(p, x, (c // groups) * hw, float(eps), None, None, shape_of(out[1]))

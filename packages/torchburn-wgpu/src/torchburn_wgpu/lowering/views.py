@@ -4,6 +4,7 @@ new buffer, each part by the kernel that computes it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -58,7 +59,7 @@ ORDER_KEEPING = {
 }
 
 
-def _reshaped(lazy: Lazy, node: FxNode, args: list[Any]) -> Lazy | None:
+def _reshaped(lazy: Lazy, node: FxNode, args: Sequence[Any]) -> Lazy | None:
     """``lazy`` seen through the order-keeping view ``node``: every load re-strided to the new shape
     (the output's linear index, which templates may use, is unchanged); None where a load's strides
     cannot express it."""
@@ -86,7 +87,7 @@ def _reshaped(lazy: Lazy, node: FxNode, args: list[Any]) -> Lazy | None:
 
 
 @lower(VIEWS, family=Family.VIEW, dtypes=ALL, reads=("implicit",))  # expand's implicit only says how it came about
-def _view(p: Planner, node: FxNode, args: list[Any], out: Any) -> Any:
+def _view(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Any:
     if isinstance(args[0], Lazy) and node.target in ORDER_KEEPING:
         reshaped = _reshaped(args[0], node, args)
         if reshaped is not None:
@@ -101,7 +102,8 @@ def _view(p: Planner, node: FxNode, args: list[Any], out: Any) -> Any:
 
 
 @lower(aten.cat.default, family=Family.VIEW, dtypes=ALL)
-def _cat(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
+def _cat(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
+    out = p.out_meta()
     result = p.new_value(out.dtype, shape_of(out))
     dim = args[1] if len(args) > 1 else node.kwargs.get("dim", 0)
     dim = dim % max(len(result.shape), 1)
@@ -125,7 +127,8 @@ def _converted(p: Planner, x: Value | Lazy, dtype: torch.dtype) -> Value | Lazy:
 
 
 @lower(aten.constant_pad_nd.default, family=Family.VIEW, dtypes=ALL)
-def _pad(p: Planner, node: FxNode, args: list[Any], out: Any) -> Value:
+def _pad(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
+    out = p.out_meta()
     x, pads = args[0], list(args[1])
     value = args[2] if len(args) > 2 else node.kwargs.get("value", 0)
     result = p.new_value(out.dtype, shape_of(out))
