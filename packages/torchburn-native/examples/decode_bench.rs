@@ -2,8 +2,8 @@
 //! `cargo run --release --no-default-features --example decode_bench -- [positions [threads]]`.
 use std::sync::Arc;
 use std::time::Instant;
-use torchburn_native::decoder::{CacheIo, Decoder, Dims, Layer, Projection, Weight};
 use torchburn_native::kernels::quant::QMatrix;
+use torchburn_native::transformer::{CacheIo, Decoder, Dims, Layer, Projection, Weight};
 
 fn main() {
     let positions: usize = std::env::args().nth(1).map_or(64, |s| s.parse().unwrap());

@@ -1,47 +1,18 @@
 //! TorchBurn's native CPU engine.
 //!
-//! Python plans a compiled region into a flat program (JSON); [`program::Program`] runs it with one
-//! foreign call, on the caller's tensors' memory and a reusable scratch arena.
-//!
-//! Hot kernels are compiled several times with `#[multiversion(targets(...))]` and picked at run time.
-//! The dispatcher takes the first target the CPU supports, so every list names the widest ISA first:
-//! `"x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma"`, then `"x86_64+avx2+fma"`, then `"aarch64+neon"`;
-//! the wheel itself is built for the portable baseline.
+//! Python plans a compiled region into a flat program (JSON, [`plan`]); [`program::Program`] runs it
+//! with one foreign call, on the caller's tensors' memory and a reusable scratch arena, each
+//! instruction's checks and run in [`instructions`] over the kernels in [`kernels`]. Apart from the
+//! compile path, [`transformer`] runs decoder-only transformer stacks for LLM runtimes on the same
+//! kernels and threads.
 
-pub mod decoder;
+pub mod instructions;
+pub mod isa;
 pub mod kernels;
 pub mod plan;
-pub mod prefill;
 pub mod program;
 pub mod threads;
+pub mod transformer;
 
 #[cfg(feature = "python")]
 mod python;
-
-/// The best instruction set the runtime dispatch picks on this CPU.
-pub fn isa() -> &'static str {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512dq")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-            && std::arch::is_x86_feature_detected!("fma")
-        {
-            return "avx512";
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            return "avx2+fma";
-        }
-        "x86-64 baseline (sse2)"
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        "neon"
-    }
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    {
-        "portable"
-    }
-}

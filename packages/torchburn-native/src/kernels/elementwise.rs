@@ -7,13 +7,12 @@
 
 use crate::threads;
 use multiversion::multiversion;
-use serde::Deserialize;
 use std::cell::RefCell;
 
 use super::math;
 use super::prefetch;
 use super::strided::{for_runs, layout_of, load_run, store_run, Lane, Layout};
-use crate::plan::DType;
+use crate::plan::{BinaryFn, DType, Domain, EOp, UnaryFn};
 
 /// The shortest chunk, in elements. A chain's chunk is as long as its register buffers allow within
 /// [`L1_BUDGET`], up to [`MAX_CHUNK`]: each chunk costs a fixed ~60 ns of dispatch (the step loop, a
@@ -29,142 +28,6 @@ const L1_BUDGET: usize = 16 << 10;
 const REG_PAD: usize = 16;
 /// Below this many elements a chain runs on the calling thread.
 const SERIAL_LIMIT: usize = 1 << 15;
-
-#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum Domain {
-    F32,
-    F64,
-    I64,
-}
-
-#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum UnaryFn {
-    Identity,
-    Neg,
-    Abs,
-    Relu,
-    Sigmoid,
-    Tanh,
-    Gelu,
-    GeluTanh,
-    Silu,
-    Hardswish,
-    Hardsigmoid,
-    Exp,
-    Exp2,
-    Expm1,
-    Log,
-    Log2,
-    Log10,
-    Log1p,
-    Sqrt,
-    Rsqrt,
-    Reciprocal,
-    Sin,
-    Cos,
-    Tan,
-    Asin,
-    Acos,
-    Atan,
-    Sinh,
-    Cosh,
-    Asinh,
-    Acosh,
-    Atanh,
-    Erf,
-    Erfc,
-    Floor,
-    Ceil,
-    Round,
-    Trunc,
-    Sign,
-    Square,
-    LogicalNot,
-    IsNan,
-    IsInf,
-    IsFinite,
-    Signbit,
-    BitwiseNot,
-}
-
-#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum BinaryFn {
-    Add,
-    Sub,
-    Mul,
-    Div,
-    DivTrunc,
-    DivFloor,
-    Pow,
-    Maximum,
-    Minimum,
-    Fmax,
-    Fmin,
-    Atan2,
-    Fmod,
-    Remainder,
-    Eq,
-    Ne,
-    Lt,
-    Le,
-    Gt,
-    Ge,
-    LogicalAnd,
-    LogicalOr,
-    LogicalXor,
-    BitAnd,
-    BitOr,
-    BitXor,
-    Shl,
-    Shr,
-    Copysign,
-    Hypot,
-}
-
-/// One instruction of the register machine; `d` is the destination register (never an operand's).
-#[derive(Deserialize, Clone, Copy, Debug)]
-#[serde(tag = "op", rename_all = "snake_case")]
-pub enum EOp {
-    Load {
-        d: usize,
-        input: usize,
-    },
-    Const {
-        d: usize,
-        #[serde(deserialize_with = "crate::plan::de_f64")]
-        value: f64,
-        #[serde(default)]
-        ivalue: i64,
-    },
-    /// the element's linear index in the iteration (arange, iota)
-    Iota {
-        d: usize,
-    },
-    Unary {
-        d: usize,
-        f: UnaryFn,
-        a: usize,
-    },
-    Binary {
-        d: usize,
-        f: BinaryFn,
-        a: usize,
-        b: usize,
-    },
-    Where {
-        d: usize,
-        c: usize,
-        a: usize,
-        b: usize,
-    },
-    Store {
-        a: usize,
-        output: usize,
-    },
-}
 
 /// Checks register indices once at load so the interpreter can index without bounds checks.
 pub fn validate(code: &[EOp], nregs: usize, n_in: usize, n_out: usize) -> Result<(), String> {

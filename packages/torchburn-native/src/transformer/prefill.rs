@@ -1,4 +1,4 @@
-//! A prompt's pass through a Llama-family decoder in one call: `T` tokens through every layer at the
+//! A prompt's pass through a decoder-only transformer in one call: `T` tokens through every layer at the
 //! positions after those already cached, their keys and values into the KV cache, and the logits of
 //! the last token (or of all of them).
 //!
@@ -12,7 +12,7 @@
 
 use multiversion::multiversion;
 
-use crate::decoder::{
+use super::decoder::{
     add_into, rms_norm, rms_norm_in_place, rotate, silu_mul, slice, CacheIo, Decoder, Projection,
     Weight,
 };

@@ -1,4 +1,4 @@
-//! One decode step of a Llama-family decoder in one call: the token's embedding through every layer
+//! One decode step of a decoder-only transformer in one call: the token's embedding through every layer
 //! (RMSNorm, q/k/v projections with optional bias and q/k RMSNorm, rotary embedding, the KV cache
 //! append, attention over the cache, output projection, the gated MLP) to the logits.
 //!
@@ -9,7 +9,7 @@
 //! calling thread.
 //!
 //! Weights are int8/int4 [`QMatrix`] or f32 matrices owned by Python (raw addresses: the caller keeps
-//! the tensors alive and unchanged while the decoder exists, see `Decoder` in `python.rs`).
+//! the tensors alive and unchanged while the decoder exists, see `Decoder` in `python/transformer.rs`).
 
 use std::sync::Arc;
 
