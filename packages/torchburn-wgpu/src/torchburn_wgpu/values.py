@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from torchburn.planning import Layout, meta_like
+
 # how each supported dtype is stored in a WGSL array. WGSL has no 64-bit integers: int64 tensors
 # (indices, positions, masks) live as i32, checked on upload (a value outside the 32-bit range is an
 # error, never a wrapped index) and widened back on readback.
@@ -76,8 +78,11 @@ class Value:
 
     def meta(self) -> torch.Tensor:
         """A meta tensor with this value's layout, for computing view layouts with PyTorch itself."""
-        base = torch.empty(self.buffer_numel, dtype=self.dtype, device="meta")
-        return base.as_strided(self.shape, self.strides, self.offset)
+        return meta_like(self.dtype, Layout(self.shape, self.strides, self.offset), self.buffer_numel)
+
+    def with_view(self, layout: Layout) -> Value:
+        """This value's buffer seen through ``layout``."""
+        return Value(self.slot, self.dtype, layout.shape, layout.strides, layout.offset, self.buffer_numel)
 
     def with_layout(self, t: torch.Tensor) -> Value:
         """This value's buffer seen through the layout of meta tensor ``t`` (a view of ``meta()``)."""

@@ -8,36 +8,32 @@ from typing import Any
 
 import torch
 
-from torchburn.planning import Family
+from torchburn.planning import VIEW_OPS, Family, Layout, meta_like, view_layouts
 
 from ..planner import Planner
 from ..values import SUPPORTED_DTYPES, Lazy, Tensorish, Value, contiguous_strides, domain_of
-from . import lower
+from . import TABLE, lower
 
 aten = torch.ops.aten
 ANY = SUPPORTED_DTYPES
 
 
-def _meta_of(x: Value) -> torch.Tensor:
-    return torch.empty_strided(x.shape, x.strides, dtype=x.dtype, device="meta")
-
-
-def view_by(p: Planner, x: Tensorish, fn: Callable[[torch.Tensor], Any]) -> Any:
+def view_by(p: Planner, x: Tensorish, fn: Callable[..., Any]) -> Any:
     """Apply a view op to ``x``'s layout with PyTorch's own meta kernels: they know every stride rule."""
     v = p.value(x)
     try:
-        r = fn(_meta_of(v))
+        layouts = view_layouts(fn, meta_like(v.dtype, Layout(v.shape, v.strides, v.offset)))
     except (RuntimeError, ValueError):
         # a layout PyTorch could view (it had a contiguous copy) but ours cannot: copy, then view
         v = p.contiguous(v)
-        r = fn(_meta_of(v))
+        layouts = view_layouts(fn, meta_like(v.dtype, Layout(v.shape, v.strides, v.offset)))
 
-    def wrap(t: torch.Tensor) -> Value:
-        return v.with_view(tuple(t.shape), tuple(t.stride()), v.offset + int(t.storage_offset()))
+    def wrap(layout: Layout) -> Value:
+        return v.with_view(layout.shape, layout.strides, layout.offset)
 
-    if isinstance(r, (list, tuple)):
-        return [wrap(t) for t in r]
-    return wrap(r)
+    if isinstance(layouts, list):
+        return [wrap(layout) for layout in layouts]
+    return wrap(layouts)
 
 
 def _view_op(op: Any) -> Callable[..., Any]:
@@ -47,31 +43,9 @@ def _view_op(op: Any) -> Callable[..., Any]:
     return lowering
 
 
-VIEW_OPS = [
-    aten.view.default,
-    aten._unsafe_view.default,
-    aten.reshape.default,
-    aten.expand.default,
-    aten.permute.default,
-    aten.transpose.int,
-    aten.t.default,
-    aten.squeeze.dim,
-    aten.squeeze.dims,
-    aten.squeeze.default,
-    aten.unsqueeze.default,
-    aten.slice.Tensor,
-    aten.select.int,
-    aten.split.Tensor,
-    aten.split_with_sizes.default,
-    aten.unbind.int,
-    aten.narrow.default,
-    aten.diagonal.default,
-    aten.unfold.default,
-    aten.view_as_real.default if hasattr(aten, "view_as_real") else aten.view.default,
-]
-for _op in dict.fromkeys(VIEW_OPS):
-    if _op is aten.view_as_real.default:
-        continue
+for _op in VIEW_OPS:
+    if _op in TABLE:
+        continue  # lowered without a view already (alias: the value itself, see elementwise.clone)
     # expand's ``implicit`` only records how the expand came about
     lower(_op, family=Family.VIEW, dtypes=ANY, reads=("implicit",) if _op is aten.expand.default else ())(_view_op(_op))
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from torchburn.planning import Family
+from torchburn.planning import ORDER_KEEPING, VIEW_OPS, Family, Layout, view_layouts
 
 from ..planner import Expr, Lazy, Planner, constant
 from ..values import KINDS, Value
@@ -17,46 +17,12 @@ from . import ALL, FxNode, lower, shape_of
 
 aten = torch.ops.aten
 
-VIEWS = [
-    aten.view.default,
-    aten._unsafe_view.default,
-    aten.reshape.default,
-    aten.permute.default,
-    aten.transpose.int,
-    aten.t.default,
-    aten.expand.default,
-    aten.unsqueeze.default,
-    aten.squeeze.dim,
-    aten.squeeze.dims,
-    aten.squeeze.default,
-    aten.slice.Tensor,
-    aten.select.int,
-    aten.alias.default,
-    aten.split_with_sizes.default,
-    aten.split.Tensor,
-    aten.unbind.int,
-]
 
-
-def _layout(x: Value, result: Any) -> Any:
-    if isinstance(result, (list, tuple)):
-        return [x.with_layout(r) for r in result]
-    return x.with_layout(result)
-
-
-# views that keep every element at its row-major position: a fused elementwise result passes through
-# them unmaterialized (a Linear's split-k sum and bias, reshaped back to [batch, tokens, features],
-# then meeting the residual add, stays one kernel)
-ORDER_KEEPING = {
-    aten.view.default,
-    aten._unsafe_view.default,
-    aten.reshape.default,
-    aten.unsqueeze.default,
-    aten.squeeze.dim,
-    aten.squeeze.dims,
-    aten.squeeze.default,
-    aten.alias.default,
-}
+def _on(x: Value, layouts: Layout | list[Layout]) -> Value | list[Value]:
+    """``x``'s buffer seen through each view layout."""
+    if isinstance(layouts, list):
+        return [x.with_view(layout) for layout in layouts]
+    return x.with_view(layouts)
 
 
 def _reshaped(lazy: Lazy, node: FxNode, args: Sequence[Any]) -> Lazy | None:
@@ -86,7 +52,9 @@ def _reshaped(lazy: Lazy, node: FxNode, args: Sequence[Any]) -> Lazy | None:
         return None
 
 
-@lower(VIEWS, family=Family.VIEW, dtypes=ALL, reads=("implicit",))  # expand's implicit only says how it came about
+# a fused elementwise result passes through order-keeping views unmaterialized (a Linear's split-k sum
+# and bias, reshaped back to [batch, tokens, features], then meeting the residual add, stays one kernel)
+@lower(VIEW_OPS, family=Family.VIEW, dtypes=ALL, reads=("implicit",))  # expand's implicit only says how it came about
 def _view(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Any:
     if isinstance(args[0], Lazy) and node.target in ORDER_KEEPING:
         reshaped = _reshaped(args[0], node, args)
@@ -94,11 +62,11 @@ def _view(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Any:
             return reshaped
     x = p.materialize(args[0])
     try:
-        return _layout(x, node.target(x.meta(), *args[1:], **node.kwargs))
+        return _on(x, view_layouts(node.target, x.meta(), *args[1:], **kwargs))
     except RuntimeError:
         # a reshape that strides cannot express (e.g. merging dims of a transposed view): copy first
         x = p.dense(x)
-        return _layout(x, node.target(x.meta(), *args[1:], **node.kwargs))
+        return _on(x, view_layouts(node.target, x.meta(), *args[1:], **kwargs))
 
 
 @lower(aten.cat.default, family=Family.VIEW, dtypes=ALL)
