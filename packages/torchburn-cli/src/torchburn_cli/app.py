@@ -237,7 +237,9 @@ def info() -> None:
             f"pool {torchburn_native.thread_pool()}, GEMM on {torchburn_native.gemm_backend()}"
         )
     except ImportError:
-        print("native engine: not installed (pip install torchburn)")
+        from torchburn.install_hint import install_hint
+
+        print(f"native engine: not installed ({install_hint()})")
 
 
 def ops(engine: Annotated[str | None, typer.Option(help="Engine name [default: the active engine]")] = None) -> None:

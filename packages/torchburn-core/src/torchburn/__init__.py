@@ -68,12 +68,8 @@ def __getattr__(name: str) -> Any:
         from . import optable
 
         return getattr(optable, name)
-    if name == "LLM":
-        try:
-            from torchburn_llm import LLM
-        except ImportError as exc:
-            raise ImportError(
-                "torchburn.LLM needs the LLM runtime: pip install 'torchburn[llm]' (package torchburn-llm)"
-            ) from exc
-        return LLM
+    if name == "LLM":  # from torchburn-llm, through its entry point (see torchburn.parts)
+        from .parts import load_part
+
+        return load_part("LLM", "torchburn.LLM needs the LLM runtime (torchburn-llm)", "llm")
     raise AttributeError(f"module 'torchburn' has no attribute {name!r}")

@@ -6,10 +6,12 @@ import sys
 
 
 def main() -> None:
+    from .parts import load_part
+
     try:
-        from torchburn_cli.app import llm_main
-    except ImportError:
-        print("the LLM commands need the command line package: pip install 'torchburn[cli]'", file=sys.stderr)
+        llm_main = load_part("llm_main", "the LLM commands need the command line package (torchburn-cli)", "cli")
+    except ImportError as exc:
+        print(exc, file=sys.stderr)
         sys.exit(2)
     llm_main()
 

@@ -13,6 +13,7 @@ import warnings
 from dataclasses import dataclass
 
 from ..errors import EngineNotFoundError, EngineUnavailableError, OptionsError
+from ..install_hint import install_hint
 from ..options import DEVICES, env_choice
 from ..plugins import plugin_host
 from .base import Availability, Engine
@@ -21,10 +22,10 @@ DEFAULT_ENGINE = "native"
 
 # Engines TorchBurn ships as separate packages: a request for one that is missing says what to install.
 _INSTALL_HINTS = {
-    "native": "pip install torchburn  (installs torchburn-native)",
-    "native_cpu": "pip install torchburn  (installs torchburn-native)",
-    "wgpu": "pip install 'torchburn[wgpu]'",
-    "burn-wgpu": "pip install 'torchburn[wgpu]'",
+    "native": install_hint() + "; it installs torchburn-native",
+    "native_cpu": install_hint() + "; it installs torchburn-native",
+    "wgpu": install_hint("wgpu"),
+    "burn-wgpu": install_hint("wgpu"),
 }
 
 
