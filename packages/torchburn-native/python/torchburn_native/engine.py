@@ -18,6 +18,7 @@ from .host_blas import requested_blas, torch_mkl
 from .lowering import OPS
 from .openmp import requested_pool, torch_gomp_parallel
 from .program import CompiledRegion
+from .runtime import plan_context
 from .values import SUPPORTED_DTYPES
 
 aten = torch.ops.aten
@@ -101,7 +102,7 @@ class NativeEngine(Engine):
 
     def compile(self, region: Region) -> Program:
         ensure_threads()
-        compiled = CompiledRegion(region.graph_module)
+        compiled = CompiledRegion(region.graph_module, plan_context())
         with unset_fake_temporarily():
             static = [_example(spec) for spec in region.inputs]
         if all(a is not None for a in static):

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from torchburn.planning import GraphWalk, LoweringTable, PlanError, extent
+from torchburn.planning import GraphWalk, LoweringTable, PlanContext, PlanError, extent
 from torchburn.planning import broadcast_strides as _broadcast_strides
 
 from .values import (
@@ -122,8 +122,8 @@ class Planner(GraphWalk):
 
     table = TABLE
 
-    def __init__(self, gm: torch.fx.GraphModule, args: Sequence[Any]) -> None:
-        super().__init__(gm, args)
+    def __init__(self, gm: torch.fx.GraphModule, args: Sequence[Any], context: PlanContext | None = None) -> None:
+        super().__init__(gm, args, context)
         self.instrs: list[dict[str, Any]] = []
         self.buffers: list[Buffer] = []
         self.producer: dict[int, int] = {}  # id(Buffer) -> index of the instruction that wrote it

@@ -14,10 +14,11 @@ from typing import Any
 import torch
 
 from torchburn.cpp_helpers import assert_size_stride, empty_strided_cpu
-from torchburn.planning import PlannedRegion, signature
+from torchburn.planning import PlanContext, PlannedRegion, signature
 
 from . import _native
 from .planner import DerivedInput, PlannedProgram, Planner
+from .runtime import plan_context
 
 __all__ = ["PLANS_KEPT", "CompiledRegion", "recent_regions", "signature"]
 
@@ -49,8 +50,9 @@ class CompiledRegion(PlannedRegion[tuple[_native.Program, PlannedProgram]]):
 
     plans_kept = PLANS_KEPT
 
-    def __init__(self, gm: torch.fx.GraphModule) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, context: PlanContext | None = None) -> None:
         super().__init__(gm)
+        self.context = context if context is not None else plan_context()
         self._lock = self._plan_lock
         # the last plan of an all-tensor signature, checked per call by size/stride/dtype alone
         self._fast: FastPath | None = None
@@ -103,7 +105,7 @@ class CompiledRegion(PlannedRegion[tuple[_native.Program, PlannedProgram]]):
         return tables
 
     def make_plan(self, args: Sequence[Any]) -> tuple[_native.Program, PlannedProgram]:
-        planned = Planner(self.graph_module, args).run()
+        planned = Planner(self.graph_module, args, self.context).run()
         program = _native.Program(planned.plan_json, planned.in_bytes, planned.out_bytes)
         if self._profiling:
             program.set_profiling(True)

@@ -8,6 +8,22 @@ from typing import Any, Literal
 
 import torch
 
+from torchburn.planning import contiguous_strides, numel
+
+__all__ = [
+    "DTYPE_NAMES",
+    "FLOAT_DTYPES",
+    "SUPPORTED_DTYPES",
+    "Buffer",
+    "Domain",
+    "Lazy",
+    "Tensorish",
+    "Value",
+    "contiguous_strides",
+    "domain_of",
+    "numel",
+]
+
 BufferKind = Literal["in", "out", "tmp"]
 Domain = Literal["f32", "f64", "i64"]
 
@@ -34,22 +50,6 @@ def domain_of(dtype: torch.dtype) -> Domain:
     if dtype in FLOAT_DTYPES:
         return "f32"
     return "i64"
-
-
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides: list[int] = []
-    acc = 1
-    for size in reversed(shape):
-        strides.append(acc)
-        acc *= max(size, 1)
-    return tuple(reversed(strides))
-
-
-def numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 @dataclass(eq=False)

@@ -15,13 +15,15 @@ from typing import Any
 import torch
 import torch.fx
 
-from torchburn.planning import GraphWalk, LoweringTable, PlanError
+from torchburn.planning import GraphWalk, LoweringTable, PlanContext, PlanError
 
 from .kernels import Launch, elementwise_source, f32_literal, f64_literal, grid, params
 from .values import KINDS, SUPPORTED_DTYPES, WGSL_TYPES, Value, broadcast_strides, contiguous, numel
 
 # the engine's lowerings (filled by ``lowering/``, one module per family)
 TABLE = LoweringTable("wgpu")
+# the PlanContext limit planning reads: storage buffers one kernel may bind
+MAX_BINDINGS = "max-storage-buffers-per-shader-stage"
 
 __all__ = ["TABLE", "Expr", "Lazy", "PlanError", "Planner", "Slot", "Tensorish"]
 
@@ -69,9 +71,10 @@ class Planner(GraphWalk):
 
     table = TABLE
 
-    def __init__(self, gm: torch.fx.GraphModule, args: Sequence[Any], max_bindings: int) -> None:
-        super().__init__(gm, args)
-        self.max_bindings = max_bindings  # storage buffers a kernel may bind (the adapter's per-stage limit)
+    def __init__(self, gm: torch.fx.GraphModule, args: Sequence[Any], context: PlanContext) -> None:
+        super().__init__(gm, args, context)
+        # storage buffers a kernel may bind (the adapter's per-stage limit)
+        self.max_bindings = context.limit(MAX_BINDINGS, 8)
         self.slots: list[Slot] = []
         self.launches: list[Launch] = []
         self.error_slot: int | None = None  # a word kernels set when an index is out of range

@@ -23,12 +23,12 @@ from typing import Any, TypeVar
 import torch
 
 from torchburn.cpp_helpers import assert_size_stride
-from torchburn.planning import PlannedRegion, signature
+from torchburn.planning import PlanContext, PlannedRegion, signature
 
 from .device import DeviceLost, Gpu
 from .kernels import Launch, PipelineCache
 from .lowering import TABLE  # noqa: F401  (importing the lowerings fills the table)
-from .planner import Lazy, PlanError, Planner
+from .planner import MAX_BINDINGS, Lazy, PlanError, Planner
 from .values import WORD, contiguous, element_bytes, numel, padded
 
 Result = TypeVar("Result")
@@ -94,9 +94,19 @@ class OutputSpec:
     staging_offset: int  # bytes into the staging buffer
 
 
-def plan_region(gm: torch.fx.GraphModule, args: Sequence[Any], max_bindings: int) -> tuple[Planner, list[Any]]:
+def plan_context(gpu: Gpu) -> PlanContext:
+    """What planning may depend on of the device: its binding limit and optional features."""
+    features = {
+        name
+        for name, present in (("subgroups", gpu.subgroups), ("shader-f16", gpu.f16), ("shader-f64", gpu.f64))
+        if present
+    }
+    return PlanContext(limits={MAX_BINDINGS: gpu.max_storage_buffers}, features=frozenset(features))
+
+
+def plan_region(gm: torch.fx.GraphModule, args: Sequence[Any], context: PlanContext) -> tuple[Planner, list[Any]]:
     """Walk the graph once with these concrete inputs; returns the planner and the output values."""
-    planner = Planner(gm, args, max_bindings)
+    planner = Planner(gm, args, context)
     return planner, planner.walk()
 
 
@@ -107,7 +117,7 @@ class Plan:
         import wgpu
 
         self.gpu = gpu
-        planner, outputs = plan_region(gm, args, gpu.max_storage_buffers)
+        planner, outputs = plan_region(gm, args, plan_context(gpu))
         # every output ends up dense in a buffer of its own, so it can be copied out as a block
         self.outputs: list[OutputSpec] = []
         staging = 0

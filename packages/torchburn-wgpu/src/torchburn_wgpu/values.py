@@ -11,7 +11,23 @@ from dataclasses import dataclass
 
 import torch
 
-from torchburn.planning import Layout, meta_like
+from torchburn.planning import Layout, meta_like, numel
+from torchburn.planning import broadcast_strides as _broadcast_strides
+from torchburn.planning import contiguous_strides as contiguous
+
+__all__ = [
+    "INTEGER_DTYPES",
+    "KINDS",
+    "SUPPORTED_DTYPES",
+    "WGSL_TYPES",
+    "WORD",
+    "Value",
+    "broadcast_strides",
+    "contiguous",
+    "element_bytes",
+    "numel",
+    "padded",
+]
 
 # how each supported dtype is stored in a WGSL array. WGSL has no 64-bit integers: int64 tensors
 # (indices, positions, masks) live as i32, checked on upload (a value outside the 32-bit range is an
@@ -89,33 +105,6 @@ class Value:
         return Value(self.slot, t.dtype, tuple(t.shape), tuple(t.stride()), int(t.storage_offset()), self.buffer_numel)
 
 
-def numel(shape: tuple[int, ...] | list[int]) -> int:
-    n = 1
-    for size in shape:
-        n *= size
-    return n
-
-
-def contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides = []
-    acc = 1
-    for size in reversed(shape):
-        strides.append(acc)
-        acc *= max(size, 1)
-    return tuple(reversed(strides))
-
-
 def broadcast_strides(value: Value, shape: tuple[int, ...]) -> tuple[int, ...]:
     """Strides that read ``value`` as if broadcast to ``shape`` (size-1 and missing dims: stride 0)."""
-    lead = len(shape) - value.rank
-    if lead < 0:
-        raise ValueError(f"cannot broadcast shape {value.shape} to {shape}")
-    strides = [0] * lead
-    for size, stride, target in zip(value.shape, value.strides, shape[lead:], strict=True):
-        if size == target:
-            strides.append(stride if size != 1 else 0)
-        elif size == 1:
-            strides.append(0)
-        else:
-            raise ValueError(f"cannot broadcast shape {value.shape} to {shape}")
-    return tuple(strides)
+    return _broadcast_strides(value.shape, value.strides, shape)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from .context import PlanContext
 from .errors import PlanError
 from .table import LoweringTable
 
@@ -62,9 +63,10 @@ class GraphWalk:
 
     table: LoweringTable  # the engine's lowerings: set by each engine's planner class
 
-    def __init__(self, gm: torch.fx.GraphModule, args: Sequence[Any]) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, args: Sequence[Any], context: PlanContext | None = None) -> None:
         self.gm = gm
         self.args = list(args)
+        self.context = context if context is not None else PlanContext()  # the engine's runtime facts
         self.env: dict[torch.fx.Node, Any] = {}
         self.meta_env: dict[torch.fx.Node, Any] = {}
         self.current: torch.fx.Node | None = None

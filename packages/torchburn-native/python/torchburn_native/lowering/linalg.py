@@ -59,8 +59,6 @@ def _weight_layout(p: Planner, v: Value, rows: int) -> tuple[Value, int]:
     row-major block some 10% faster (128x512 @ 512x512 on one thread: 430 -> 380 µs); when the GEMM
     splits its columns between threads, the copy is laid out in one such block per thread.
     """
-    from .. import gemm_backend, num_threads
-
     if not (
         v.buffer.kind == "in"
         and v.rank == 2
@@ -71,10 +69,10 @@ def _weight_layout(p: Planner, v: Value, rows: int) -> tuple[Value, int]:
     ):
         return v, 0
     k, n = v.shape
-    threads = num_threads()
+    threads = p.context.threads
     # as kernels/gemm.rs splits: columns when they outnumber the rows and the product is worth threads
     splits_columns = threads > 1 and n > rows and rows * n * k >= PARALLEL_MIN_FLOPS
-    if gemm_backend() == "mkl" and v.dtype in (torch.float32, torch.float64) and splits_columns:
+    if p.context.blas == "mkl" and v.dtype in (torch.float32, torch.float64) and splits_columns:
         panel = -(-n // threads)
         panel = -(-panel // 16) * 16
         if panel < n:

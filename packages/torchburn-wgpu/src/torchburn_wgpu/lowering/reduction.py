@@ -9,7 +9,6 @@ import torch
 
 from torchburn.planning import Family
 
-from ..device import gpu
 from ..kernels import Launch, f32_bits, grid, params, reduce_source, softmax_source
 from ..planner import Expr, Lazy, PlanError, Planner
 from ..shaders import row_tree, source
@@ -135,7 +134,7 @@ def softmax(p: Planner, x: Value, dim: int, log: bool) -> Value:
     rows = result.numel // x.shape[dim]
     words = [rows, x.shape[dim], x.offset, x.strides[dim], out_strides[dim]]
     words += [x.shape[d] for d in outer] + [x.strides[d] for d in outer] + [out_strides[d] for d in outer]
-    code = softmax_source(len(outer), log, x.shape[dim], gpu().subgroups)
+    code = softmax_source(len(outer), log, x.shape[dim], p.context.has("subgroups"))
     p.launches.append(Launch("softmax", code, [result.slot, x.slot], params(words), grid(rows)))
     return result
 
@@ -159,7 +158,7 @@ def normalize_rows(
         return y, mean, rstd
     words = [rows, length, f32_bits(eps), int(weight is not None), int(bias is not None)]
     slots = [y.slot, mean.slot, rstd.slot, x.slot, (weight or x).slot, (bias or x).slot]
-    code = source("layer_norm", **row_tree(gpu().subgroups))
+    code = source("layer_norm", **row_tree(p.context.has("subgroups")))
     p.launches.append(Launch("layer_norm", code, slots, params(words), grid(rows), writes=3))
     return y, mean, rstd
 
