@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -20,6 +20,9 @@ from .checks import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, real, shown
 from .config import ModelConfig, RopeScaling
 from .errors import ModelLoadError
 from .gguf_header import GGUFHeader, TensorInfo
+
+if TYPE_CHECKING:
+    from torchburn_native.transformer import QMatrix
 
 # GGUF architecture -> config.json model_type
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -177,11 +180,11 @@ class GGUFCheckpoint:
                 progress(len(out), len(names))
         return out
 
-    def q4_1_weights(self, name: str) -> Any:
+    def q4_1_weights(self, name: str) -> QMatrix | None:
         """The matrix ``name`` as native int4 weights taken straight from its Q4_1 blocks (q/k rows in
         Hugging Face order), or None when the file stores it in another type."""
         from gguf import GGMLQuantizationType
-        from torchburn_native import _native
+        from torchburn_native.transformer import from_q4_1
 
         t = self._tensors[name]
         if t.type != GGMLQuantizationType.Q4_1 or len(t.dims) != 2:
@@ -189,7 +192,7 @@ class GGUFCheckpoint:
         _, raw = self._raw(name)  # [n, bytes of a row's blocks]
         blocks = self._hf_rows(name, torch.from_numpy(raw.copy())).contiguous()
         k, n = t.dims
-        return _native.QMatrix.from_q4_1(blocks.data_ptr(), n, k)
+        return from_q4_1(blocks, n, k)
 
     def _raw(self, name: str) -> tuple[Any, np.ndarray]:
         """The tensor's GGUF type and its bytes, [rows, bytes per row] (a row: the fastest dimension)."""

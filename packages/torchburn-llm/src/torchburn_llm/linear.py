@@ -4,24 +4,17 @@ engine's kernels (bf16 against f32 activations; int8 / int4 with activations qua
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
 
+if TYPE_CHECKING:
+    from torchburn_native.transformer import Projection, QMatrix, QuantKind
+
 QUANTS = ("fp32", "bf16", "int8", "int4")
 # formats a Linear accepts: the user-facing ones, plus int8 in blocks of 32 (the output projection's)
 FORMATS = (*QUANTS, "int8-blocks")
-
-
-def kept_address(t: torch.Tensor | None, keep: list[torch.Tensor]) -> int:
-    """The address of ``t`` as contiguous f32 (0 for None), for native code that holds it; the tensor
-    behind the address joins ``keep``, which must outlive that code's use of it."""
-    if t is None:
-        return 0
-    t = t.detach().float().contiguous()
-    keep.append(t)
-    return int(t.data_ptr())
 
 
 class Linear:
@@ -34,22 +27,17 @@ class Linear:
         self.bias = bias
         self.quant = quant
         self.weight: torch.Tensor | None = None
-        self.packed: Any = None
+        self.packed: QMatrix | None = None
         if quant == "fp32":
             self.weight = weight
         else:
-            from torchburn_native import _native
-            from torchburn_native.engine import ensure_threads
+            from torchburn_native.transformer import quantize
 
-            # the kernels run on PyTorch's OpenMP team (or a pool of the same size): two spinning
-            # pools on the same cores would slow both
-            ensure_threads()
-            w = weight.float().contiguous()
-            self.packed = _native.QMatrix.quantize(w.data_ptr(), self.out_features, self.in_features, quant)
+            self.packed = quantize(weight, cast("QuantKind", quant))
 
     @classmethod
-    def from_packed(cls, packed: Any, bias: torch.Tensor | None) -> Linear:
-        """A projection over weights already quantized natively (a ``_native.QMatrix``)."""
+    def from_packed(cls, packed: QMatrix, bias: torch.Tensor | None) -> Linear:
+        """A projection over weights already quantized natively (a ``torchburn_native.transformer.QMatrix``)."""
         lin = cls.__new__(cls)
         lin.out_features, lin.in_features = packed.shape
         lin.bias, lin.quant, lin.weight, lin.packed = bias, packed.kind, None, packed
@@ -62,14 +50,13 @@ class Linear:
         assert self.weight is not None
         return self.weight.numel() * self.weight.element_size()
 
-    def native_projection(self, keep: list[torch.Tensor]) -> tuple[Any, int]:
-        """This projection as the native decoder takes it; tensors it refers to by address join ``keep``."""
+    def projection(self) -> Projection:
+        """This projection as the native decoder takes it."""
+        from torchburn_native.transformer import Projection
 
-        bias = kept_address(self.bias, keep)
-        if self.packed is not None:
-            return self.packed, bias
-        assert self.weight is not None
-        return (kept_address(self.weight, keep), self.out_features, self.in_features), bias
+        weight = self.packed if self.packed is not None else self.weight
+        assert weight is not None
+        return Projection(weight, self.bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
@@ -81,13 +68,10 @@ class Linear:
 def project_many(linears: list[Linear], x: torch.Tensor) -> list[torch.Tensor]:
     """``[lin(x) for lin in linears]``; quantized projections of one input (q, k and v; gate and up) go
     to the native engine in one call that reads the tokens once for all of them."""
-    packed = [lin.packed for lin in linears]
-    if any(p is None for p in packed):
+    packed = [lin.packed for lin in linears if lin.packed is not None]
+    if len(packed) != len(linears):
         return [lin(x) for lin in linears]
-    from torchburn_native import _native
+    from torchburn_native.transformer import matmul_many
 
-    x = x.float().contiguous()
-    rows = x.numel() // linears[0].in_features
-    outs = [torch.empty(*x.shape[:-1], lin.out_features) for lin in linears]
-    _native.matmul_many(packed, x.data_ptr(), rows, [o.data_ptr() for o in outs])
+    outs = matmul_many(packed, x)
     return [o if lin.bias is None else o + lin.bias for lin, o in zip(linears, outs, strict=True)]

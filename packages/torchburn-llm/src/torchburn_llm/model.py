@@ -11,7 +11,7 @@ prefill, where PyTorch's BLAS is as fast as any.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -19,8 +19,11 @@ import torch.nn.functional as F
 from .architectures import Architecture
 from .config import ModelConfig
 from .errors import ContextLengthError
-from .linear import Linear, kept_address, project_many
+from .linear import Linear, project_many
 from .rope import RotaryTable, inverse_frequencies, rotate
+
+if TYPE_CHECKING:
+    from torchburn_native.transformer import Decoder, QMatrix
 
 
 class KVCache:
@@ -63,21 +66,6 @@ class _Layer:
     down: Linear
 
 
-def _native_buffers(
-    cache: KVCache, cos: torch.Tensor, sin: torch.Tensor, logits: torch.Tensor
-) -> tuple[int, int, int, int, int, int]:
-    """What a native decoder call reads and writes besides the tokens: the KV cache (keys, values,
-    capacity), the rotary rows and the logits, as the addresses it takes."""
-    return (
-        cache.keys.data_ptr(),
-        cache.values.data_ptr(),
-        cache.capacity,
-        cos.data_ptr(),
-        sin.data_ptr(),
-        logits.data_ptr(),
-    )
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
@@ -91,7 +79,7 @@ class Transformer:
         cfg: ModelConfig,
         tensors: dict[str, torch.Tensor],
         quant: str = "fp32",
-        packed: dict[str, Any] | None = None,
+        packed: dict[str, QMatrix] | None = None,
     ) -> None:
         """``packed``: projection weights already in the native format of ``quant`` (a GGUF file's
         Q4_1 blocks under int4), by name, in place of their entries in ``tensors``."""
@@ -111,8 +99,7 @@ class Transformer:
         # quantized prompts run natively too; fp32 ones stay in tensor code, on PyTorch's BLAS
         self.native_prefill = quant != "fp32"
         self.native_prefills = 0  # prompts run by the native decoder
-        self._decoder: Any = None
-        self._decoder_tensors: list[torch.Tensor] = []  # what the decoder holds addresses of
+        self._decoder: Decoder | None = None
 
         def linear(name: str) -> Linear:
             bias = tensors.get(name + ".bias")
@@ -186,7 +173,7 @@ class Transformer:
         pos = cache.length
         cos, sin = self.rotary.rows(pos, 1)  # [1, D] each
         logits = torch.empty(1, self.cfg.vocab_size)
-        self.native_decoder().step(token, pos, *_native_buffers(cache, cos, sin, logits))
+        self.native_decoder().step(token, pos, cache.keys, cache.values, cos, sin, logits)
         cache.length = pos + 1
         self.native_steps += 1
         return logits
@@ -196,56 +183,43 @@ class Transformer:
         start, t = cache.length, int(ids.shape[0])
         cos, sin = self.rotary.rows(start, t)  # [T, D] each
         logits = torch.empty(1 if last_only else t, self.cfg.vocab_size)
-        self.native_decoder().prefill(ids.tolist(), start, *_native_buffers(cache, cos, sin, logits), not last_only)
+        self.native_decoder().prefill(ids.tolist(), start, cache.keys, cache.values, cos, sin, logits, not last_only)
         cache.length = start + t
         self.native_prefills += 1
         return logits
 
-    def native_decoder(self) -> Any:
+    def native_decoder(self) -> Decoder:
         """The native engine's decoder over this model's weights, built on first use."""
         if self._decoder is None:
-            from torchburn_native import _native
-            from torchburn_native.engine import ensure_threads
-
-            ensure_threads()
-            keep: list[torch.Tensor] = []
-
-            def address(t: torch.Tensor | None) -> int:
-                return kept_address(t, keep)
+            from torchburn_native.transformer import Decoder, Dims, Layer
 
             cfg = self.cfg
-            dims = (
-                cfg.hidden_size,
-                cfg.num_heads,
-                cfg.num_kv_heads,
-                cfg.head_dim,
-                cfg.vocab_size,
-                float(cfg.rms_eps),
-                cfg.sliding_window,
+            dims = Dims(
+                hidden=cfg.hidden_size,
+                heads=cfg.num_heads,
+                kv_heads=cfg.num_kv_heads,
+                head_dim=cfg.head_dim,
+                vocab=cfg.vocab_size,
+                eps=float(cfg.rms_eps),
+                window=cfg.sliding_window,
             )
-
-            def projection(lin: Linear) -> Any:
-                return lin.native_projection(keep)
-
             layers = [
-                (
-                    address(w.ln_attn),
-                    address(w.ln_mlp),
-                    address(w.q_norm),
-                    address(w.k_norm),
-                    projection(w.q),
-                    projection(w.k),
-                    projection(w.v),
-                    projection(w.o),
-                    projection(w.gate),
-                    projection(w.up),
-                    projection(w.down),
+                Layer(
+                    attn_norm=w.ln_attn,
+                    mlp_norm=w.ln_mlp,
+                    q=w.q.projection(),
+                    k=w.k.projection(),
+                    v=w.v.projection(),
+                    o=w.o.projection(),
+                    gate=w.gate.projection(),
+                    up=w.up.projection(),
+                    down=w.down.projection(),
+                    q_norm=w.q_norm,
+                    k_norm=w.k_norm,
                 )
                 for w in self.layers
             ]
-            head = self.lm_head.native_projection(keep)
-            self._decoder = _native.Decoder(dims, address(self.embed), address(self.norm), head, layers)
-            self._decoder_tensors = keep
+            self._decoder = Decoder(dims, self.embed, self.norm, self.lm_head.projection(), layers)
         return self._decoder
 
     def _mask(self, positions: torch.Tensor, length: int) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """torchburn-native: TorchBurn's default CPU engine (``native``, alias ``native_cpu``).
 
 Importing this package is not needed to use it: TorchBurn finds the engine through its entry point.
-The functions here are for inspection and tests.
+The functions here are for inspection and tests. LLM runtimes run decoder-only transformers on the
+engine's kernels through :mod:`torchburn_native.transformer`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Type stub of the compiled module ``torchburn_native._native``."""
+"""Type stub of the compiled module ``torchburn_native._native``.
+
+Private to the package: code outside it uses the public modules, such as ``torchburn_native.transformer``
+(the typed, checked API over ``QMatrix``, ``Decoder`` and ``matmul_many`` below, which take raw addresses).
+"""
 
 from collections.abc import Callable
 from typing import Any
@@ -55,8 +59,8 @@ class QMatrix:
 Projection = tuple[QMatrix | tuple[int, int, int], int]
 
 class Decoder:
-    """A Llama-family model's forward pass in one call: a decode step (one token) or a prompt's prefill
-    (many), from the embedding to the logits, appending to the KV cache.
+    """A decoder-only transformer stack's forward pass in one call: a decode step (one token) or a
+    prompt's prefill (many), from the embedding to the logits, appending to the KV cache.
 
     Holds addresses of f32 tensors (embedding, norms, f32 weights, biases): its owner keeps them alive
     and unchanged."""
