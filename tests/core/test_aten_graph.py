@@ -1,4 +1,4 @@
-"""Lowering to ATen: inference graphs take the direct trace, everything needing AOTAutograd still gets it,
+"""Tracing to ATen: inference graphs take the direct trace, everything needing AOTAutograd still gets it,
 and either way PyTorch's mutation and aliasing semantics hold."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch._dynamo
 
-import torchburn.lowering as lowering
+import torchburn.aten_graph as aten_graph
 from helpers import assert_engine_ran, strict_compile
 
 compile_ = strict_compile("native")
@@ -20,7 +20,7 @@ compile_ = strict_compile("native")
 def aot_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the graphs handed to AOTAutograd."""
     calls: list[int] = []
-    real = lowering.aot_module_simplified
+    real = aten_graph.aot_module_simplified
 
     def spy(*args: Any, **kwargs: Any) -> Callable[..., Any]:
         calls.append(1)

@@ -82,10 +82,10 @@ def test_float64_keeps_double_precision(gpu_compile: Callable[..., Any]) -> None
 def test_matmul_stages_each_operand_along_its_contiguous_dim(
     layout: str, mode: str, tile: int, gpu_compile: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from torchburn_wgpu.lowering import linalg
+    from torchburn_wgpu.lowering import matmul
 
     # products this small take 64-tiles; forbid them (0) or force them (always below)
-    monkeypatch.setattr(linalg, "SMALL_TILE_BELOW", 0 if tile == 128 else 1 << 30)
+    monkeypatch.setattr(matmul, "SMALL_TILE_BELOW", 0 if tile == 128 else 1 << 30)
     torch.manual_seed(0)
     m, k, n = (37, 45, 29) if layout == "odd sizes" else (136, 72, 200)
     a, w = torch.randn(m, k), torch.randn(n, k)

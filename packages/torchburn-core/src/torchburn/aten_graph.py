@@ -1,4 +1,6 @@
-"""Lowering a Dynamo graph to ATen with the core-ATen decomposition table.
+"""From Dynamo's graph to an ATen graph, with the core-ATen decomposition table (``to_aten``). This is
+core's step, before any engine: an engine's *lowerings* (``LoweringTable.lower``) then turn ATen nodes
+into its own program.
 
 The table is the one ``torch.export`` uses, minus the ops the engine asks to keep whole (so an engine
 with a fused attention kernel sees ``_scaled_dot_product_flash_attention_for_cpu`` instead of its
@@ -44,13 +46,13 @@ def decomposition_table(engine: Engine) -> dict[Any, Callable[..., Any]]:
     return table
 
 
-def lower(
+def to_aten(
     gm: torch.fx.GraphModule,
     example_inputs: list[Any],
     engine: Engine,
     compile_graph: CompileGraph,
 ) -> Callable[..., Any]:
-    """Lower and compile; ``compile_graph(aten_gm, inputs, phase)`` compiles each ATen graph (phase
+    """Trace ``gm`` to ATen and compile; ``compile_graph(aten_gm, inputs, phase)`` compiles each ATen graph (phase
     "inference", or "forward" and "backward" under autograd) into a callable taking its inputs as
     positional arguments."""
     aten_gm = _direct_inference_graph(gm, decomposition_table(engine))

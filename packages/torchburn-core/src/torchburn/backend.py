@@ -14,7 +14,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from .engines.discovery import resolve_engine
 from .errors import OptionsError
-from .lowering import lower
+from .aten_graph import to_aten
 from .options import parse_options
 from .partition import partition_and_compile, whole_graph_program
 
@@ -44,4 +44,4 @@ def torchburn_backend(
             compiled.real_recompile()
         return compiled.forward
 
-    return lower(gm, example_inputs, engine, compile_graph)
+    return to_aten(gm, example_inputs, engine, compile_graph)

@@ -101,7 +101,7 @@ class Planner(GraphWalk):
         self.slots.append(Slot(dtype, numel, input_index))
         return len(self.slots) - 1
 
-    def new_value(self, dtype: torch.dtype, shape: Sequence[int]) -> Value:
+    def new_value(self, shape: Sequence[int], dtype: torch.dtype) -> Value:
         shape = tuple(int(s) for s in shape)
         n = numel(shape)
         return Value(self.new_slot(dtype, n), dtype, shape, contiguous(shape), 0, n)
@@ -131,7 +131,7 @@ class Planner(GraphWalk):
             return x
         expr = x.expr if isinstance(x, Lazy) else self.lazy(x, x.shape)
         if out is None:
-            out = self.new_value(x.dtype, x.shape)
+            out = self.new_value(x.shape, x.dtype)
         if out.numel == 0:
             return out
         leaves = _leaves(expr)

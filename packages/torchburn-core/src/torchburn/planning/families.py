@@ -1,6 +1,7 @@
 """The one vocabulary of op families, shared by every engine's lowering table, ``torchburn ops`` and the
-docs: the same op is in the same family whichever engine runs it, and an engine's kernel files are
-named after the families they serve."""
+docs: the same op is in the same family whichever engine runs it, and the files that lower, validate
+and run a family carry its name in every engine (``lowering/norm.py``, ``instructions/norm.rs``,
+``kernels/norm.rs``; ``shaders/norm.wgsl``)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,13 @@ class Family(str, Enum):
     CONSTANT = "constant"  # full, zeros, arange and the *_like factories
     VIEW = "view"  # reshape, permute, slice, expand: no data moves
     COPY = "copy"  # clone, cat, stack, pad: data moves, values do not change
-    INDEXING = "indexing"  # gather, scatter, index, embedding
-    REDUCTION = "reduction"  # sum, mean, amax, argmax, var
+    INDEX = "index"  # gather, scatter, index, embedding
+    REDUCE = "reduce"  # sum, mean, amax, argmax, var
     SOFTMAX = "softmax"
-    NORMALIZATION = "normalization"  # layer, group, batch and RMS norms
+    NORM = "norm"  # layer, group, batch and RMS norms
     MATMUL = "matmul"  # mm, bmm, addmm, baddbmm
-    CONVOLUTION = "convolution"
-    POOLING = "pooling"
+    CONV = "conv"  # convolution
+    POOL = "pool"  # max, average and adaptive pooling
     ATTENTION = "attention"  # fused scaled-dot-product attention
 
     def __str__(self) -> str:

@@ -11,7 +11,7 @@ from torchburn.planning import Family
 
 from ..planner import PlanError, Planner, broadcast_shapes
 from ..values import FLOAT_DTYPES, SUPPORTED_DTYPES, Domain, Lazy, Tensorish, Value, domain_of
-from . import linalg, lower
+from . import conv, lower, matmul
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -182,7 +182,7 @@ def _fuse_epilogue(p: Planner, node: Any, x: Tensorish, act: str) -> Value | Non
     if not only_use(p, src, x):
         return None
     if instr["kind"] == "conv2d" and act == "relu":
-        found = linalg.conv_epilogue(p, x)
+        found = conv.conv_epilogue(p, x)
         if found is None or found[0]["relu"]:
             return None
         found[0]["relu"] = True
@@ -274,14 +274,14 @@ INT_ONLY = {"bit_and", "bit_or", "bit_xor", "shl", "shr"}
 
 def _fused_residual(p: Planner, node: Any, a: Any, b: Any) -> Value | None:
     """``a + b`` where one side is a fresh matmul result read nowhere else: the matmul adds the other
-    side itself (see :func:`.linalg.fuse_residual`)."""
+    side itself (see :func:`.matmul.fuse_residual`)."""
     for x, r, src in ((a, b, node.args[0]), (b, a, node.args[1])):
         if (
             isinstance(x, Value)
             and isinstance(r, Value)
             and x.dtype == _out_dtype(p)
             and only_use(p, src, x)
-            and linalg.fuse_residual(p, x, r)
+            and matmul.fuse_residual(p, x, r)
         ):
             return x
     return None

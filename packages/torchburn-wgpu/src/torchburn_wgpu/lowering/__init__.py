@@ -1,6 +1,6 @@
 """What each supported ATen op becomes on the GPU: the engine's lowering table (``planner.TABLE``, a
 :class:`torchburn.planning.LoweringTable`) filled by one module per family (``elementwise``, ``views``,
-``linalg``, ``reduction``, ``indexing``, ``pooling``, ``attention``).
+``index``, ``reduce``, ``softmax``, ``norm``, ``matmul``, ``conv``, ``pool``, ``attention``).
 
 A lowering is ``fn(p, node, *args, **kwargs)``: the planner, the FX node and the op's arguments (tensors
 as planner values, the rest as given); ``p.out_meta()`` is the node's output as a meta tensor. It
@@ -58,17 +58,20 @@ def keep_whole() -> frozenset[Any]:
 
 
 # the family modules register their ops on import
-from . import attention, elementwise, indexing, linalg, pooling, reduction, views  # noqa: E402
+from . import attention, conv, elementwise, index, matmul, norm, pool, reduce, softmax, views  # noqa: E402
 
 __all__ = [
     "OPS",
     "TABLE",
     "attention",
+    "conv",
     "elementwise",
-    "indexing",
+    "index",
     "keep_whole",
-    "linalg",
-    "pooling",
-    "reduction",
+    "matmul",
+    "norm",
+    "pool",
+    "reduce",
+    "softmax",
     "views",
 ]

@@ -21,8 +21,8 @@ from ..planner import INDEX, Expr, Lazy, PlanError, Planner
 from ..shaders import source
 from ..values import Value, broadcast_strides
 from . import F32, FxNode, lower
-from .linalg import matmul
-from .reduction import softmax
+from .matmul import matmul
+from .softmax import softmax
 
 aten = torch.ops.aten
 
@@ -66,9 +66,9 @@ def _sdpa(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> tuple[Value, V
         raise PlanError(group)
     if b * h * length * s <= SCORES_IN_MEMORY and not _lse_used(node):
         k, v = _repeat_heads(p, k, group), _repeat_heads(p, v, group)
-        return _unfused(p, q, k, v, causal, kwargs.get("attn_mask"), scale), p.new_value(torch.float32, (b, h, length))
-    result = p.new_value(torch.float32, (b, h, length, ev))
-    lse = p.new_value(torch.float32, (b, h, length))
+        return _unfused(p, q, k, v, causal, kwargs.get("attn_mask"), scale), p.new_value((b, h, length), torch.float32)
+    result = p.new_value((b, h, length, ev), torch.float32)
+    lse = p.new_value((b, h, length), torch.float32)
     if result.numel == 0:
         return result, lse
     words = [b, h, length, s, e, ev, int(causal), 0, f32_bits(scale if scale is not None else 1 / math.sqrt(e))]

@@ -111,6 +111,8 @@ ARITH = {
     aten.maximum.default: "max({0}, {1})",
     aten.minimum.default: "min({0}, {1})",
 }
+
+
 FLOAT_MAXMIN = {
     torch.float32: {aten.maximum.default: "tb_max({0}, {1})", aten.minimum.default: "tb_min({0}, {1})"},
     torch.float16: {aten.maximum.default: "tb_max({0}, {1})", aten.minimum.default: "tb_min({0}, {1})"},
@@ -195,6 +197,8 @@ def _elu(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
 
 
 COMPARE: dict[Any, str] = {}
+
+
 for _name, _symbol in (("gt", ">"), ("lt", "<"), ("ge", ">="), ("le", "<="), ("eq", "=="), ("ne", "!=")):
     for _overload in ("Tensor", "Scalar"):
         COMPARE[getattr(getattr(aten, _name), _overload)] = f"({{0}} {_symbol} {{1}})"
@@ -337,33 +341,3 @@ def _arange(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
     shape = shape_of(out)
     first, delta = (cast(p.lazy(v, shape), compute) for v in (start, step))
     return Lazy(Expr(compute, "({0} + {1} * {2})", (first, delta, index)), out.dtype, shape)
-
-
-# momentum only updates the running statistics, which inference leaves alone
-@lower(aten._native_batch_norm_legit_no_training.default, family=Family.NORMALIZATION, reads=("momentum",), dtypes=F32)
-def _batch_norm(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> tuple[Lazy, Value, Value]:
-    """Inference batch norm is a per-channel scale and shift: an expression, fused with its neighbours
-    (a following ReLU, a residual add) into one sweep."""
-    out = p.out_meta()
-    x, weight, bias, mean, var = args[:5]
-    eps = float(args[6])
-    shape = shape_of(out[0])
-    channel = (len(shape) - 2) * [1]
-
-    def per_channel(v: Any) -> Any:
-        # [C] seen as [C, 1, 1...] so that it broadcasts along dim 1 of x
-        if v is None:
-            return None
-        v = p.materialize(v)
-        return v.with_layout(v.meta().view(v.shape[0], *channel))
-
-    operands = [x, per_channel(mean), per_channel(var), eps]
-    template = "(({0} - {1}) * inverseSqrt({2} + {3}))"
-    if weight is not None:
-        template = f"({template} * {{{len(operands)}}})"
-        operands.append(per_channel(weight))
-    if bias is not None:
-        template = f"({template} + {{{len(operands)}}})"
-        operands.append(per_channel(bias))
-    y = expression(p, template, operands, out[0])
-    return y, p.new_value(torch.float32, shape_of(out[1])), p.new_value(torch.float32, shape_of(out[2]))

@@ -72,7 +72,7 @@ def _view(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Any:
 @lower(aten.cat.default, family=Family.VIEW, dtypes=ALL)
 def _cat(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
     out = p.out_meta()
-    result = p.new_value(out.dtype, shape_of(out))
+    result = p.new_value(shape_of(out), out.dtype)
     dim = args[1] if len(args) > 1 else node.kwargs.get("dim", 0)
     dim = dim % max(len(result.shape), 1)
     start = 0
@@ -99,7 +99,7 @@ def _pad(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
     out = p.out_meta()
     x, pads = args[0], list(args[1])
     value = args[2] if len(args) > 2 else node.kwargs.get("value", 0)
-    result = p.new_value(out.dtype, shape_of(out))
+    result = p.new_value(shape_of(out), out.dtype)
     kind = KINDS[out.dtype]
     p.materialize(Lazy(constant(value, kind), out.dtype, result.shape), out=result)
     # the interior: pads come in (left, right) pairs from the last dim backwards; negative ones crop

@@ -68,18 +68,18 @@ def _count(x: Tensorish, dims: Any) -> int:
     return numel(tuple(x.shape[d] for d in red))
 
 
-@lower(aten.sum.dim_IntList, aten.sum.default, family=Family.REDUCTION, dtypes=ANY)
+@lower(aten.sum.dim_IntList, aten.sum.default, family=Family.REDUCE, dtypes=ANY)
 def sum_(p: Planner, node: Any, x: Tensorish, dims: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Value:
     return reduce_values(p, x, dims, keepdim, "sum", p.out_meta().dtype)
 
 
-@lower(aten.mean.dim, aten.mean.default, family=Family.REDUCTION, dtypes=ANY)
+@lower(aten.mean.dim, aten.mean.default, family=Family.REDUCE, dtypes=ANY)
 def mean(p: Planner, node: Any, x: Tensorish, dims: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Value:
     n = _count(x, dims)
     return reduce_values(p, x, dims, keepdim, "sum", p.out_meta().dtype, scale=1.0 / n if n else float("nan"))
 
 
-@lower(aten.prod.dim_int, aten.prod.default, family=Family.REDUCTION, dtypes=ANY)
+@lower(aten.prod.dim_int, aten.prod.default, family=Family.REDUCE, dtypes=ANY)
 def prod(p: Planner, node: Any, x: Tensorish, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Value:
     return reduce_values(p, x, dim, keepdim, "prod", p.out_meta().dtype)
 
@@ -91,17 +91,17 @@ def _nonempty(node: Any) -> bool | str:
     return True
 
 
-@lower(aten.amax.default, aten.max.default, family=Family.REDUCTION, dtypes=ANY, check=_nonempty)
+@lower(aten.amax.default, aten.max.default, family=Family.REDUCE, dtypes=ANY, check=_nonempty)
 def amax(p: Planner, node: Any, x: Tensorish, dims: Any = None, keepdim: bool = False) -> Value:
     return reduce_values(p, x, dims, keepdim, "max", p.out_meta().dtype)
 
 
-@lower(aten.amin.default, aten.min.default, family=Family.REDUCTION, dtypes=ANY, check=_nonempty)
+@lower(aten.amin.default, aten.min.default, family=Family.REDUCE, dtypes=ANY, check=_nonempty)
 def amin(p: Planner, node: Any, x: Tensorish, dims: Any = None, keepdim: bool = False) -> Value:
     return reduce_values(p, x, dims, keepdim, "min", p.out_meta().dtype)
 
 
-@lower(aten.max.dim, family=Family.REDUCTION, dtypes=ANY, check=_nonempty)
+@lower(aten.max.dim, family=Family.REDUCE, dtypes=ANY, check=_nonempty)
 def max_dim(p: Planner, node: Any, x: Tensorish, dim: int, keepdim: bool = False) -> tuple[Value, Value]:
     vals, _ = p.out_meta()
     return reduce_values(p, x, dim, keepdim, "max", vals.dtype), reduce_values(
@@ -109,7 +109,7 @@ def max_dim(p: Planner, node: Any, x: Tensorish, dim: int, keepdim: bool = False
     )
 
 
-@lower(aten.min.dim, family=Family.REDUCTION, dtypes=ANY, check=_nonempty)
+@lower(aten.min.dim, family=Family.REDUCE, dtypes=ANY, check=_nonempty)
 def min_dim(p: Planner, node: Any, x: Tensorish, dim: int, keepdim: bool = False) -> tuple[Value, Value]:
     vals, _ = p.out_meta()
     return reduce_values(p, x, dim, keepdim, "min", vals.dtype), reduce_values(
@@ -117,7 +117,7 @@ def min_dim(p: Planner, node: Any, x: Tensorish, dim: int, keepdim: bool = False
     )
 
 
-@lower(aten.argmax.default, family=Family.REDUCTION, dtypes=ANY, check=_nonempty)
+@lower(aten.argmax.default, family=Family.REDUCE, dtypes=ANY, check=_nonempty)
 def argmax(p: Planner, node: Any, x: Tensorish, dim: int | None = None, keepdim: bool = False) -> Value:
     if dim is None:
         flat = p.contiguous(x)
@@ -127,7 +127,7 @@ def argmax(p: Planner, node: Any, x: Tensorish, dim: int | None = None, keepdim:
     return reduce_values(p, x, dim, keepdim, "arg_max", torch.int64)
 
 
-@lower(aten.argmin.default, family=Family.REDUCTION, dtypes=ANY, check=_nonempty)
+@lower(aten.argmin.default, family=Family.REDUCE, dtypes=ANY, check=_nonempty)
 def argmin(p: Planner, node: Any, x: Tensorish, dim: int | None = None, keepdim: bool = False) -> Value:
     if dim is None:
         flat = p.contiguous(x)
@@ -137,9 +137,7 @@ def argmin(p: Planner, node: Any, x: Tensorish, dim: int | None = None, keepdim:
     return reduce_values(p, x, dim, keepdim, "arg_min", torch.int64)
 
 
-@lower(
-    aten.var.correction, family=Family.REDUCTION, dtypes={torch.float32, torch.float64, torch.float16, torch.bfloat16}
-)
+@lower(aten.var.correction, family=Family.REDUCE, dtypes={torch.float32, torch.float64, torch.float16, torch.bfloat16})
 def var(
     p: Planner, node: Any, x: Tensorish, dims: Any = None, *, correction: float | None = None, keepdim: bool = False
 ) -> Value:
@@ -147,11 +145,11 @@ def var(
     return reduce_values(p, x, dims, keepdim, "var", p.out_meta().dtype, correction=c)
 
 
-@lower(aten.any.dim, aten.any.dims, aten.any.default, family=Family.REDUCTION, dtypes=ANY)
+@lower(aten.any.dim, aten.any.dims, aten.any.default, family=Family.REDUCE, dtypes=ANY)
 def any_(p: Planner, node: Any, x: Tensorish, dims: Any = None, keepdim: bool = False) -> Value:
     return reduce_values(p, x, dims, keepdim, "any", torch.bool)
 
 
-@lower(aten.all.dim, aten.all.dims, aten.all.default, family=Family.REDUCTION, dtypes=ANY)
+@lower(aten.all.dim, aten.all.dims, aten.all.default, family=Family.REDUCE, dtypes=ANY)
 def all_(p: Planner, node: Any, x: Tensorish, dims: Any = None, keepdim: bool = False) -> Value:
     return reduce_values(p, x, dims, keepdim, "all", torch.bool)

@@ -53,13 +53,11 @@ def _index_value(p: Planner, x: Any) -> Value:
 
 
 # padding_idx, scale_grad_by_freq and sparse change only the gradient
-@lower(
-    aten.embedding.default, family=Family.INDEXING, dtypes=ANY, reads=("padding_idx", "scale_grad_by_freq", "sparse")
-)
+@lower(aten.embedding.default, family=Family.INDEX, dtypes=ANY, reads=("padding_idx", "scale_grad_by_freq", "sparse"))
 def _embedding(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
     out = p.out_meta()
     weight, ids = p.materialize(args[0]), _index_value(p, args[1])
-    result = p.new_value(weight.dtype, shape_of(out))
+    result = p.new_value(shape_of(out), weight.dtype)
     d = weight.shape[1]
     shape = [*ids.shape, d]
     _launch(
@@ -78,7 +76,7 @@ def _embedding(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
 
 def _select_along(p: Planner, x: Value, dim: int, idx: Value, out: Any) -> Value:
     """``x`` with dim ``dim`` replaced by the dims of ``idx``: index_select and ``x[..., idx, ...]``."""
-    result = p.new_value(x.dtype, shape_of(out))
+    result = p.new_value(shape_of(out), x.dtype)
     pre, post = x.shape[:dim], x.shape[dim + 1 :]
     shape = [*pre, *idx.shape, *post]
     src_steps = [*x.strides[:dim], *([0] * idx.rank), *x.strides[dim + 1 :]]
@@ -97,7 +95,7 @@ def _select_along(p: Planner, x: Value, dim: int, idx: Value, out: Any) -> Value
     return result
 
 
-@lower(aten.index_select.default, family=Family.INDEXING, dtypes=ANY)
+@lower(aten.index_select.default, family=Family.INDEX, dtypes=ANY)
 def _index_select(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
     out = p.out_meta()
     x = p.materialize(args[0])
@@ -110,7 +108,7 @@ def _integer_indices(spec: Any) -> bool | str:
     return "indexing by a boolean mask (its result's size depends on the values)" if bools else True
 
 
-@lower(aten.index.Tensor, family=Family.INDEXING, dtypes=ANY, check=_integer_indices)
+@lower(aten.index.Tensor, family=Family.INDEX, dtypes=ANY, check=_integer_indices)
 def _index(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
     out = p.out_meta()
     x = p.materialize(args[0])
@@ -139,7 +137,7 @@ def _index_many(p: Planner, x: Value, given: list[tuple[int, Value]], out: Any) 
         valid = Expr("bool", f"({{0}} && {{1}} >= 0i && {{1}} < {size}i)", (valid, wrapped))
     offsets = Expr("i32", "select(bitcast<i32>(0x80000000u), {0}, {1})", (linear, valid))
     index = p.materialize(Lazy(offsets, torch.int32, batch))
-    result = p.new_value(x.dtype, shape_of(out))
+    result = p.new_value(shape_of(out), x.dtype)
     indexed = [d for d, _ in given]
     rest = [d for d in range(x.rank) if d not in indexed]
     adjacent = indexed == list(range(indexed[0], indexed[-1] + 1))
@@ -165,12 +163,12 @@ def _index_many(p: Planner, x: Value, given: list[tuple[int, Value]], out: Any) 
     return result
 
 
-@lower(aten.gather.default, family=Family.INDEXING, dtypes=ANY, reads=("sparse_grad",))  # gradient layout only
+@lower(aten.gather.default, family=Family.INDEX, dtypes=ANY, reads=("sparse_grad",))  # gradient layout only
 def _gather(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
     out = p.out_meta()
     x, idx = p.materialize(args[0]), _index_value(p, args[2])
     dim = args[1] % max(x.rank, 1)
-    result = p.new_value(x.dtype, shape_of(out))
+    result = p.new_value(shape_of(out), x.dtype)
     src_steps = [0 if d == dim else s for d, s in enumerate(x.strides)]
     _launch(
         p,
@@ -186,13 +184,13 @@ def _gather(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
     return result
 
 
-@lower(aten.scatter.src, family=Family.INDEXING, dtypes=ANY)
+@lower(aten.scatter.src, family=Family.INDEX, dtypes=ANY)
 def _scatter(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
     """A copy of ``x``, then each ``src`` element written where its index says along ``dim``. Where two
     elements land on one place, which one stays is unspecified (as in PyTorch)."""
     out = p.out_meta()
     x, idx, src = args[0], _index_value(p, args[2]), p.materialize(args[3])
-    result = p.new_value(out.dtype, shape_of(out))
+    result = p.new_value(shape_of(out), out.dtype)
     p.materialize(Lazy(p.lazy(x, result.shape), out.dtype, result.shape), out=result)
     dim = args[1] % max(result.rank, 1)
     out_steps = [0 if d == dim else s for d, s in enumerate(result.strides)]

@@ -11,7 +11,7 @@ from torchburn.planning import Family
 from ..planner import Planner, broadcast_shapes, broadcast_strides
 from ..values import SUPPORTED_DTYPES, Lazy, Tensorish, Value, domain_of
 from . import lower
-from .shape import view_by
+from .views import view_by
 
 aten = torch.ops.aten
 ANY = SUPPORTED_DTYPES
@@ -47,7 +47,7 @@ def _index_select(p: Planner, x: Tensorish, dim: int, idx: Tensorish) -> Value:
 
 @lower(
     aten.embedding.default,
-    family=Family.INDEXING,
+    family=Family.INDEX,
     reads=("padding_idx", "scale_grad_by_freq", "sparse"),  # they change only the gradient
     check=lambda n: (
         True if n.inputs[1] and n.inputs[1].dtype in INDEX_DTYPES else "embedding indices must be int32/int64"
@@ -77,13 +77,13 @@ def _index_select_rows(p: Planner, weight: Tensorish, idx: Tensorish) -> Value:
     return out
 
 
-@lower(aten.index_select.default, family=Family.INDEXING)
+@lower(aten.index_select.default, family=Family.INDEX)
 def index_select(p: Planner, node: Any, x: Tensorish, dim: int, idx: Tensorish) -> Value:
     return _index_select(p, x, dim, idx)
 
 
 # sparse_grad changes only the gradient's layout
-@lower(aten.gather.default, family=Family.INDEXING, reads=("sparse_grad",))
+@lower(aten.gather.default, family=Family.INDEX, reads=("sparse_grad",))
 def gather(p: Planner, node: Any, x: Tensorish, dim: int, idx: Tensorish, sparse_grad: bool = False) -> Value:
     xv = p.value(x)
     iv = p.value(idx)
@@ -110,7 +110,7 @@ def _index_layout(node: Any) -> bool | str:
     return True
 
 
-@lower(aten.index.Tensor, family=Family.INDEXING, check=_index_layout)
+@lower(aten.index.Tensor, family=Family.INDEX, check=_index_layout)
 def index(p: Planner, node: Any, x: Tensorish, indices: list[Tensorish | None]) -> Value:
     meta = p.out_meta()
     xv = p.value(x)
@@ -158,12 +158,12 @@ def _scatter(p: Planner, x: Tensorish, dim: int, idx: Tensorish, src: Any, accum
     return out
 
 
-@lower(aten.scatter.src, aten.scatter.value, family=Family.INDEXING)
+@lower(aten.scatter.src, aten.scatter.value, family=Family.INDEX)
 def scatter(p: Planner, node: Any, x: Tensorish, dim: int, idx: Tensorish, src: Any) -> Value:
     return _scatter(p, x, dim, idx, src, False)
 
 
-@lower(aten.scatter_add.default, family=Family.INDEXING)
+@lower(aten.scatter_add.default, family=Family.INDEX)
 def scatter_add(p: Planner, node: Any, x: Tensorish, dim: int, idx: Tensorish, src: Any) -> Value:
     return _scatter(p, x, dim, idx, src, True)
 
@@ -178,7 +178,7 @@ def _index_put_layout(node: Any) -> bool | str:
     return True
 
 
-@lower(aten.index_put.default, family=Family.INDEXING, check=_index_put_layout)
+@lower(aten.index_put.default, family=Family.INDEX, check=_index_put_layout)
 def index_put(
     p: Planner, node: Any, x: Tensorish, indices: list[Tensorish], values: Tensorish, accumulate: bool = False
 ) -> Value:
@@ -203,7 +203,7 @@ def index_put(
     return out
 
 
-@lower(aten.slice_scatter.default, family=Family.INDEXING)
+@lower(aten.slice_scatter.default, family=Family.INDEX)
 def slice_scatter(
     p: Planner, node: Any, x: Tensorish, src: Tensorish, dim: int = 0, start: Any = None, end: Any = None, step: int = 1
 ) -> Value:
@@ -213,7 +213,7 @@ def slice_scatter(
     return out
 
 
-@lower(aten.select_scatter.default, family=Family.INDEXING)
+@lower(aten.select_scatter.default, family=Family.INDEX)
 def select_scatter(p: Planner, node: Any, x: Tensorish, src: Tensorish, dim: int, index: int) -> Value:
     out = _copy_of(p, x)
     dest = view_by(p, out, lambda t: aten.select.int(t, dim, index))

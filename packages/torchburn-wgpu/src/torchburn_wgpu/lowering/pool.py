@@ -37,9 +37,9 @@ def _pool(
     count_pad: bool,
     divisor: int,
 ) -> tuple[Value, Value]:
-    values = p.new_value(torch.float32, out_shape)
+    values = p.new_value(out_shape, torch.float32)
     # average pooling binds a one-word stand-in: every binding the shader declares must be bound
-    indices = p.new_value(torch.int64, out_shape if is_max else (1,))
+    indices = p.new_value(out_shape if is_max else (1,), torch.int64)
     if values.numel == 0:
         return values, indices
     if x.rank == 3:  # [C, H, W]: a batch of one
@@ -62,7 +62,7 @@ def _pool_check(spec: Any) -> bool | str:
 # ceil_mode: through the output's shape; the kernel clips windows (and their divisor) at the edge
 @lower(
     aten.max_pool2d_with_indices.default,
-    family=Family.POOLING,
+    family=Family.POOL,
     dtypes=frozenset({torch.float32, torch.int64}),
     check=_pool_check,
     reads=("ceil_mode",),
@@ -77,7 +77,7 @@ def _max_pool(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> tuple[Valu
     return _pool(p, x, shape_of(out[0]), kernel, stride, padding, dilation, True, False, 0)
 
 
-@lower(aten.avg_pool2d.default, family=Family.POOLING, check=_pool_check, reads=("ceil_mode",), dtypes=F32)
+@lower(aten.avg_pool2d.default, family=Family.POOL, check=_pool_check, reads=("ceil_mode",), dtypes=F32)
 def _avg_pool(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
     out = p.out_meta()
     x = p.materialize(args[0])

@@ -1,4 +1,4 @@
-"""Matrix products and convolutions: the tiled kernels of ``matmul.wgsl`` and ``conv.wgsl``."""
+"""Matrix products (mm, bmm, addmm, baddbmm): the tiled kernel of ``matmul.wgsl``, with split-k sums."""
 
 from __future__ import annotations
 
@@ -8,15 +8,17 @@ import torch
 
 from torchburn.planning import Family
 
-from ..kernels import B_STRIDED, B_VEC_ALONG_K, B_VEC_ALONG_N, Launch, conv_source, f32_bits, matmul_source, params
-from ..planner import Expr, Lazy, PlanError, Planner, constant
+from ..kernels import B_STRIDED, B_VEC_ALONG_K, B_VEC_ALONG_N, Launch, f32_bits, matmul_source, params
+from ..planner import Expr, Lazy, Planner, constant
 from ..values import WGSL_TYPES, Value, broadcast_strides
-from . import F32, FLOATS, FxNode, lower, shape_of
+from . import FLOATS, FxNode, lower
 
 aten = torch.ops.aten
 
 
 TILE = 128  # rows and columns of C per workgroup
+
+
 # a product with fewer 128-tiles than this, over a k no longer than SMALL_TILE_MAX_K, runs on 64×64
 # tiles (four times as many workgroups, each thread a 4×4 block) before k is split: attention's
 # per-head products (32 heads of 128×128 scores are 32 workgroups of 128 for 132 multiprocessors on
@@ -24,10 +26,18 @@ TILE = 128  # rows and columns of C per workgroup
 # Linear+ReLU 128x512 -> 1024 33 -> 25, the MLP 59 -> 37; but mm 1024³ 110 -> 149 (there the 4×4
 # blocks' lower reuse costs more than split-k's extra pass: hence the bound on k)
 SMALL_TILE = 64
+
+
 SMALL_TILE_BELOW = 128
+
+
 SMALL_TILE_MAX_K = 512
+
+
 # workgroups worth having in flight: two per multiprocessor of a large GPU (132 on an H200)
 TARGET_WORKGROUPS = 256
+
+
 # split k no finer than this: each slice's partial plane costs a pass over C, but a workgroup that
 # loops over a long k alone is bound by its load latency (on an H200, 64 against 256 took the
 # 128x512 -> 1024 Linear from 68 to 26 µs of kernel time, the encoder layer's products from 464 to 394)
@@ -69,9 +79,9 @@ def matmul(p: Planner, a: Value, b: Value, bias: Value | None, alpha: float, bet
     tile = SMALL_TILE if few and k <= SMALL_TILE_MAX_K else TILE
     tiles = -(-n // tile) * -(-m // tile) * batch
     splits, chunk = slices(tiles, k)
-    out = p.new_value(a.dtype, (batch * splits, m, n) if splits > 1 else shape)
+    out = p.new_value((batch * splits, m, n) if splits > 1 else shape, a.dtype)
     if out.numel == 0:
-        return p.new_value(a.dtype, shape)
+        return p.new_value(shape, a.dtype)
 
     def batch_stride(v: Value) -> int:
         return v.strides[0] if v.rank == 3 else 0
@@ -129,62 +139,3 @@ def _addmm(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value | Lazy:
     shape = (a.shape[0], b.shape[1])
     bias = Value(bias.slot, bias.dtype, shape, broadcast_strides(bias, shape), bias.offset, bias.buffer_numel)
     return matmul(p, a, b, bias, float(node.kwargs.get("alpha", 1.0)), float(node.kwargs.get("beta", 1.0)))
-
-
-def _conv_check(spec: Any) -> bool | str:
-    x = spec.inputs[0]
-    if x is None or x.rank not in (3, 4):
-        return "convolution other than 1-d or 2-d"
-    return True
-
-
-def _as_2d(v: Value) -> Value:
-    """A 1-d convolution's [N, C, L] operand as [N, C, 1, L]."""
-    if v.rank == 4:
-        return v
-    return v.with_layout(v.meta().unsqueeze(2))
-
-
-@lower(aten.convolution.default, family=Family.CONVOLUTION, check=_conv_check, dtypes=F32)
-def _convolution(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value | Lazy:
-    out = p.out_meta()
-    x, w = _as_2d(p.materialize(args[0])), _as_2d(p.materialize(args[1]))
-    bias = p.materialize(args[2]) if args[2] is not None else None
-    # output_padding needs nothing here: the output shape (from PyTorch) already includes it
-    stride, padding, dilation, transposed, _output_padding, groups = args[3:9]
-    one_d = len(stride) == 1
-    if one_d:  # height 1: unit stride, no padding
-        stride, padding, dilation = [1, *stride], [0, *padding], [1, *dilation]
-    result = p.new_value(torch.float32, shape_of(out))
-    if result.numel == 0:
-        return result
-    n, cin, h, width = x.shape
-    oh, ow = (1, result.shape[-1]) if one_d else result.shape[-2:]
-    kh, kw = w.shape[2], w.shape[3]
-    cin_g = cin // groups
-    cout = result.shape[1]
-    cout_g = cout // groups
-    if any(s <= 0 for s in stride):
-        raise PlanError("convolution with a non-positive stride")
-    words = [n * oh * ow, cout_g, cin_g * kh * kw, cin_g, h, width, oh, ow, kh, kw]
-    words += [*stride, *padding, *dilation]
-    words += [x.offset, *x.strides, w.offset, *w.strides]
-    words += [1, bias.offset, bias.strides[0]] if bias is not None else [0, 0, 0]
-    k = cin_g * kh * kw
-    tiles = -(-cout_g // TILE) * -(-(n * oh * ow) // TILE) * groups
-    splits, chunk = slices(tiles, k)
-    if splits > 1:  # partial planes first; the sum (and the bias) after
-        words[26:29] = [0, 0, 0]
-        result = p.new_value(torch.float32, (splits, *result.shape))
-    words += [int(bool(transposed)), cout, chunk, splits]
-    slots = [result.slot, x.slot, w.slot, (bias or x).slot]
-    groups_xyz = (-(-cout_g // TILE), -(-(n * oh * ow) // TILE), groups * splits)
-    p.launches.append(Launch("conv", conv_source(), slots, params(words), groups_xyz))
-    if splits == 1:
-        return result
-    shape = shape_of(out)
-    total = sum_of_planes(p, result, splits, shape, lambda meta, s: meta[s])
-    if bias is not None:
-        channel = bias.with_layout(bias.meta().view(bias.shape[0], *([1] * (len(shape) - 2))))
-        total = Expr("f32", "({0} + {1})", (total, p.lazy(channel, shape)))
-    return Lazy(total, torch.float32, shape)

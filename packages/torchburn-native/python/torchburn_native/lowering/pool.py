@@ -1,0 +1,124 @@
+"""2-D pooling: max (with indices), average and adaptive average, on contiguous NCHW (or CHW) inputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torchburn.planning import Family
+
+from ..planner import Planner
+from ..values import Tensorish, Value
+from . import lower
+
+aten = torch.ops.aten
+
+
+def _as4d(v: Value) -> tuple[Value, bool]:
+    if v.rank == 3:
+        return v.with_view((1, *v.shape), (0, *v.strides), v.offset), True
+    return v, False
+
+
+def _pool_pairs(x: list[int] | int, default: list[int]) -> list[int]:
+    if isinstance(x, int):
+        return [x, x]
+    if not x:
+        return default
+    return [x[0], x[0]] if len(x) == 1 else [x[0], x[1]]
+
+
+def _pool_input_dtype(node: Any) -> bool | str:
+    spec = node.inputs[0]
+    if spec is None or spec.dtype not in (torch.float32, torch.float64):
+        return "pooling runs on float32/float64"
+    return True
+
+
+# ceil_mode: through the output's shape; the kernel clips windows at the input's edge
+@lower(aten.max_pool2d_with_indices.default, family=Family.POOL, check=_pool_input_dtype, reads=("ceil_mode",))
+def max_pool2d(
+    p: Planner,
+    node: Any,
+    x: Tensorish,
+    kernel: list[int],
+    stride: list[int] | None = None,
+    padding: list[int] | int = 0,
+    dilation: list[int] | int = 1,
+    ceil_mode: bool = False,
+) -> tuple[Value, Value]:
+    out_meta, idx_meta = p.out_meta()
+    xv, _ = _as4d(p.contiguous(x))
+    k = _pool_pairs(kernel, [1, 1])
+    out = p.new_value(tuple(out_meta.shape), out_meta.dtype)
+    idx = p.new_value(tuple(idx_meta.shape), torch.int64)
+    ov, _ = _as4d(out)
+    iv, _ = _as4d(idx)
+    wants_indices = any(u.args[1] == 1 for u in node.users)
+    p.emit(
+        {
+            "kind": "max_pool2d",
+            "input": xv.operand(),
+            "out": ov.operand(),
+            "indices": iv.operand() if wants_indices else None,
+            "kernel": k,
+            "stride": _pool_pairs(stride or kernel, k),
+            "padding": _pool_pairs(padding, [0, 0]),
+            "dilation": _pool_pairs(dilation, [1, 1]),
+        },
+        [xv],
+        [ov, iv if wants_indices else None],
+    )
+    return out, idx
+
+
+# ceil_mode: through the output's shape; the kernel clips windows (and their divisor) at the edge
+@lower(aten.avg_pool2d.default, family=Family.POOL, dtypes={torch.float32, torch.float64}, reads=("ceil_mode",))
+def avg_pool2d(
+    p: Planner,
+    node: Any,
+    x: Tensorish,
+    kernel: list[int],
+    stride: list[int] | None = None,
+    padding: list[int] | int = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> Value:
+    meta = p.out_meta()
+    xv, _ = _as4d(p.contiguous(x))
+    k = _pool_pairs(kernel, [1, 1])
+    out = p.new_value(tuple(meta.shape), meta.dtype)
+    ov, _ = _as4d(out)
+    p.emit(
+        {
+            "kind": "avg_pool2d",
+            "input": xv.operand(),
+            "out": ov.operand(),
+            "kernel": k,
+            "stride": _pool_pairs(stride or kernel, k),
+            "padding": _pool_pairs(padding, [0, 0]),
+            "count_include_pad": bool(count_include_pad),
+            "divisor_override": divisor_override,
+        },
+        [xv],
+        [ov],
+    )
+    return out
+
+
+@lower(
+    aten._adaptive_avg_pool2d.default,
+    aten.adaptive_avg_pool2d.default,
+    family=Family.POOL,
+    dtypes={torch.float32, torch.float64},
+    reads=("output_size",),  # the output's shape
+)
+def adaptive_avg_pool2d(p: Planner, node: Any, x: Tensorish, output_size: list[int]) -> Value:
+    meta = p.out_meta()
+    xv, _ = _as4d(p.contiguous(x))
+    out = p.new_value(tuple(meta.shape), meta.dtype)
+    ov, _ = _as4d(out)
+    p.emit({"kind": "adaptive_avg_pool2d", "input": xv.operand(), "out": ov.operand()}, [xv], [ov])
+    return out

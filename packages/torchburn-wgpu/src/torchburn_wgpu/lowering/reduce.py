@@ -1,0 +1,112 @@
+"""Reductions (sum, mean, amax, argmax, var, ...): one workgroup per output row, folded across the workgroup."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from torchburn.planning import Family
+
+from ..kernels import Launch, grid, params, reduce_source
+from ..planner import Expr, Lazy, PlanError, Planner
+from ..values import WGSL_TYPES, Value, numel
+from . import ANY, F32, FxNode, lower, shape_of
+
+aten = torch.ops.aten
+
+
+REDUCE = {
+    aten.sum.dim_IntList: "sum",
+    aten.sum.default: "sum",
+    aten.mean.dim: "mean",
+    aten.mean.default: "mean",
+    aten.amax.default: "amax",
+    aten.amin.default: "amin",
+    aten.any.dim: "any",
+    aten.any.dims: "any",
+    aten.any.default: "any",
+    aten.all.dim: "all",
+    aten.all.dims: "all",
+    aten.all.default: "all",
+    aten.argmax.default: "argmax",
+    aten.argmin.default: "argmin",
+    aten.prod.dim_int: "prod",
+    aten.prod.default: "prod",
+}
+
+
+def _reduce_check(spec: Any) -> bool | str:
+    kind = REDUCE[spec.target]
+    x = spec.inputs[0]
+    if kind in ("any", "all"):
+        return True
+    if x is None or x.dtype != torch.float32:
+        return f"{kind} of a non-float32 tensor"
+    dtype = spec.kwargs.get("dtype")
+    return True if dtype in (None, torch.float32) else f"reduction to {dtype}"
+
+
+def _dims(node: FxNode, args: Sequence[Any], rank: int) -> set[int]:
+    """The reduced dims: a list, one int, or none given (all)."""
+    arg = args[1] if len(args) > 1 and not isinstance(args[1], bool) else node.kwargs.get("dim")
+    if arg is None or (isinstance(arg, (list, tuple)) and len(arg) == 0):
+        return set(range(rank))
+    if isinstance(arg, int):
+        arg = [arg]
+    return {d % max(rank, 1) for d in arg}
+
+
+@lower(REDUCE, family=Family.REDUCE, dtypes=ANY, check=_reduce_check)
+def _reduce(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
+    out = p.out_meta()
+    x = p.materialize(args[0])
+    return reduce(p, REDUCE[node.target], x, _dims(node, args, x.rank), shape_of(out), out.dtype)
+
+
+def reduce(p: Planner, kind: str, x: Value, dims: set[int], out_shape: tuple[int, ...], dtype: torch.dtype) -> Value:
+    """``kind`` of ``x`` over ``dims``, as a new contiguous value of ``out_shape``."""
+    kept = [d for d in range(x.rank) if d not in dims]
+    red = sorted(dims)
+    result = p.new_value(out_shape, dtype)
+    if result.numel == 0:
+        return result
+    n_red = numel([x.shape[d] for d in red])
+    if n_red == 0 and kind in ("amax", "amin", "argmax", "argmin"):
+        raise PlanError(f"{kind} over zero elements")
+    words = [result.numel, n_red, x.offset]
+    words += [x.shape[d] for d in kept] + [x.strides[d] for d in kept]
+    words += [x.shape[d] for d in red] + [x.strides[d] for d in red]
+    code = reduce_source(kind, WGSL_TYPES[x.dtype], len(kept), len(red))
+    p.launches.append(Launch("reduce", code, [result.slot, x.slot], params(words), grid(result.numel)))
+    return result
+
+
+def _var_check(spec: Any) -> bool | str:
+    x = spec.inputs[0]
+    return True if x is not None and x.dtype == torch.float32 else "variance of a non-float32 tensor"
+
+
+# keepdim: through the output's shape
+@lower(aten.var.correction, family=Family.REDUCE, dtypes=F32, check=_var_check, reads=("keepdim",))
+def _var(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    """Two passes, as PyTorch does: the mean, then the mean square deviation from it (no cancellation)."""
+    out = p.out_meta()
+    x = p.materialize(args[0])
+    dims = _dims(node, args, x.rank)
+    keep_shape = tuple(1 if d in dims else s for d, s in enumerate(x.shape))
+    n = numel([x.shape[d] for d in dims])
+    correction = node.kwargs.get("correction", 1)
+    correction = 1 if correction is None else float(correction)
+    mean = reduce(p, "mean", x, dims, keep_shape, torch.float32)
+    square = Lazy(
+        Expr("f32", "(({0} - {1}) * ({0} - {1}))", (p.lazy(x, x.shape), p.lazy(mean, x.shape))), torch.float32, x.shape
+    )
+    total = reduce(p, "sum", p.materialize(square), dims, shape_of(out), torch.float32)
+    divisor = max(n - correction, 0.0)
+    return Lazy(
+        Expr("f32", "({0} / {1})", (p.lazy(total, total.shape), p.lazy(divisor, total.shape))),
+        torch.float32,
+        total.shape,
+    )
