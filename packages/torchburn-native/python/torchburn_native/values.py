@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import torch
 
-from torchburn.planning import contiguous_strides, numel
+from torchburn.planning import compute_type, contiguous_strides, numel
 
 __all__ = [
     "DTYPE_NAMES",
@@ -43,13 +43,14 @@ SUPPORTED_DTYPES = frozenset(DTYPE_NAMES)
 FLOAT_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
 
 
+# the shared compute types (torchburn.planning.expr) as the elementwise machine has them: integers and
+# bools in i64
+_DOMAINS: dict[str, Domain] = {"f64": "f64", "f32": "f32", "int": "i64", "bool": "i64"}
+
+
 def domain_of(dtype: torch.dtype) -> Domain:
     """The compute type of the elementwise machine for a storage dtype (halves compute in f32, as eager)."""
-    if dtype == torch.float64:
-        return "f64"
-    if dtype in FLOAT_DTYPES:
-        return "f32"
-    return "i64"
+    return _DOMAINS[compute_type(dtype)]
 
 
 @dataclass(eq=False)

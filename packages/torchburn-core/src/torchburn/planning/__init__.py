@@ -6,7 +6,7 @@ needs, written once.
 - :class:`GraphWalk`: the walk over a region graph (inputs, meta propagation, ``getitem``, lazy values
   with several readers);
 - :mod:`~torchburn.planning.views`: the view ops and their layouts, computed on meta tensors;
-- :mod:`~torchburn.planning.expr`: the elementwise expression and its compute-type rule;
+- :mod:`~torchburn.planning.expr`: the compute-type rule of fused elementwise expressions;
 - :class:`PlannedRegion`: a compiled region with one plan per input signature, least recently used out;
 - :class:`PlanContext`: the runtime facts (threads, BLAS, device limits) planning may depend on.
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from .context import PlanContext
 from .errors import PlanError
+from .expr import ComputeType, compute_type, promoted_compute_type
 from .families import Family
 from .region import PlannedRegion, signature
 from .table import Lowering, LoweringTable
@@ -46,12 +47,15 @@ __all__ = [
     "PlanContext",
     "PlanError",
     "PlannedRegion",
+    "ComputeType",
     "broadcast_strides",
+    "compute_type",
     "contiguous_strides",
     "extent",
     "layout_of",
     "meta_like",
     "numel",
+    "promoted_compute_type",
     "signature",
     "view_layouts",
 ]

@@ -1,4 +1,4 @@
-"""Indexing by a tensor of positions (``gather.wgsl``): embedding, index_select, ``x[idx]``, gather and
+"""Indexing by a tensor of positions (``index.wgsl``): embedding, index_select, ``x[idx]``, gather and
 scatter. Each is one pass over an iteration space whose dims step through the source, the index and
 the output by their own strides; only the stride that the index value multiplies differs between them."""
 
@@ -40,9 +40,9 @@ def _launch(
         return
     src_steps, index_steps, out_steps = steps
     words = [count, bound, gather_stride, *offsets, *shape, *src_steps, *index_steps, *out_steps]
-    code = source("gather", TYPE=WGSL_TYPES[out.dtype], RANK=str(len(shape)), SCATTER="true" if scatter else "false")
+    code = source("index", TYPE=WGSL_TYPES[out.dtype], RANK=str(len(shape)), SCATTER="true" if scatter else "false")
     slots = [out.slot, src.slot, index.slot, p.error_flag()]
-    p.launches.append(Launch("gather", code, slots, params(words), grid(-(-count // 256)), writes=1))
+    p.launches.append(Launch("index", code, slots, params(words), grid(-(-count // 256)), writes=1))
 
 
 def _index_value(p: Planner, x: Any) -> Value:

@@ -1,4 +1,4 @@
-"""Normalizations: layer and group norm (one row-folding kernel, ``shaders/layer_norm.wgsl``), inference batch
+"""Normalizations: layer and group norm (one row-folding kernel, ``shaders/norm.wgsl``), inference batch
 norm (a per-channel scale and shift, fused with its neighbours as an expression).
 """
 
@@ -39,8 +39,8 @@ def normalize_rows(
         return y, mean, rstd
     words = [rows, length, f32_bits(eps), int(weight is not None), int(bias is not None)]
     slots = [y.slot, mean.slot, rstd.slot, x.slot, (weight or x).slot, (bias or x).slot]
-    code = source("layer_norm", **row_tree(p.context.has("subgroups")))
-    p.launches.append(Launch("layer_norm", code, slots, params(words), grid(rows), writes=3))
+    code = source("norm", **row_tree(p.context.has("subgroups")))
+    p.launches.append(Launch("norm", code, slots, params(words), grid(rows), writes=3))
     return y, mean, rstd
 
 

@@ -51,12 +51,12 @@ SAMPLES: dict[str, dict[str, str]] = {
     "attention": {"MASK_TYPE": "f32", "MASK_BOOL": "false"},
     "conv": {"ACC_DECLARE": "", "ACC_UPDATE": "", "ACC_STORE": ""},
     "pool": {"MAX": "true"},
-    "gather": {"TYPE": "f32", "RANK": "2", "SCATTER": "false"},
+    "index": {"TYPE": "f32", "RANK": "2", "SCATTER": "false"},
     "softmax": {"OUTER_RANK": "1", "LOG": "false", "IN_REGISTERS": "false", "IN_REGISTERS_BODY": ""},
-    "layer_norm": {},
+    "norm": {},
 }
 # families that fold rows across the workgroup: their samples also take ``row_tree()``'s fills
-ROW_TREE_FAMILIES = ("softmax", "layer_norm")
+ROW_TREE_FAMILIES = ("softmax", "norm")
 
 
 # helpers pulled into kernels, not kernels themselves
