@@ -90,7 +90,10 @@ def test_tensor_options_other_than_cpu_memory_are_declined() -> None:
     assert "device=cuda" in str(registry.supports(node_spec(zero_node)))
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+SDPA = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+@pytest.mark.parametrize("engine", [e for e in ENGINES if torchburn.get_engine(e).ops.entry(SDPA) is not None])
 def test_a_compile_declines_what_the_lowering_does_not_read(engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Strip ``scale`` from what the engine's attention lowering reads: a strict compile that sets it
     must then be refused, naming the argument, instead of running with the default scale."""

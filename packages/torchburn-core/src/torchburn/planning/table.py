@@ -50,6 +50,8 @@ class LoweringTable:
         dtypes: Iterable[torch.dtype] | None = None,
         check: Check | None = None,
         reads: Iterable[str] = (),
+        max_rank: int | None = None,
+        contiguous_only: bool = False,
     ) -> Callable[[F], F]:
         """Register the decorated ``fn(p, node, *args, **kwargs)`` as the lowering of ``ops``.
 
@@ -60,7 +62,16 @@ class LoweringTable:
         family = Family(family)
 
         def register(fn: F) -> F:
-            self.ops.add(overloads, family=family.value, dtypes=dtypes, check=check, lowering=fn, reads=reads)
+            self.ops.add(
+                overloads,
+                family=family.value,
+                dtypes=dtypes,
+                max_rank=max_rank,
+                contiguous_only=contiguous_only,
+                check=check,
+                lowering=fn,
+                reads=reads,
+            )
             for op in overloads:
                 self._lowerings[op] = fn
             return fn
