@@ -1,18 +1,19 @@
 //! The instructions a program runs, one file per family, each behind [`Instruction`].
 //!
 //! A family's file holds what its instructions require of their operands (checked once, when the
-//! program is built) and how they run (calls into the kernel of the same name under `kernels/`):
-//! `Matmul` lives in `gemm.rs` next to `kernels/gemm.rs`, the norms in `norm.rs` next to
-//! `kernels/norm.rs`, and so on. [`Instr`] dispatches to them, as pydantic-core's
-//! `CombinedValidator` does to its validators.
+//! program is built) and how they run (calls into the kernels under `kernels/`). Files are named by
+//! op family, as the Python lowerings (`lowering/<family>.py`) and the kernels are: the norms in
+//! `norm.rs` next to `kernels/norm.rs`, and so on; `Matmul` in `matmul.rs` runs the GEMM kernels of
+//! `kernels/gemm.rs`. [`Instr`] dispatches to them, as pydantic-core's `CombinedValidator` does to
+//! its validators.
 
 mod attention;
 mod check;
 mod conv;
 mod elementwise;
 mod frame;
-mod gemm;
 mod index;
+mod matmul;
 mod norm;
 mod pool;
 mod reduce;
