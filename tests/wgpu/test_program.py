@@ -259,7 +259,7 @@ def test_kernel_time_by_gpu_timestamps_is_within_the_submissions_wall_time(gpu_c
     more than nothing and less than the wall time of submitting and waiting for it."""
     import time
 
-    from torchburn_wgpu.program import pass_seconds, recording_plans
+    from torchburn_wgpu.timing import pass_seconds, recording_plans
 
     chain = gpu_compile(lambda x: torch.nn.functional.gelu(x * 2) + 1)
     x = torch.randn(1 << 18)

@@ -8,10 +8,10 @@ Per row it reports four times, medians of repeated calls:
   every call of a wgpu-compiled model crosses the bus both ways, and this is CUDA eager doing the same;
 - ``wgpu``: the compiled model called as users call it, CPU tensors in and out: uploads of changed
   inputs, one submission, the readback of the outputs;
-- ``wgpu gpu``: the region's kernels alone, uploads and readback excluded (``program.gpu_seconds``:
+- ``wgpu gpu``: the region's kernels alone, uploads and readback excluded (``timing.gpu_seconds``:
   repeated in one submission, so each dispatch waits behind a barrier, as in a model).
 Where the adapter has timestamp queries, the bandwidth rows also show a region run alone, timed by the
-GPU's clock at the start and end of its pass (``program.pass_seconds``): no barrier before it, but the
+GPU's clock at the start and end of its pass (``timing.pass_seconds``): no barrier before it, but the
 pass's own start and drain inside (on an H200 this gave GELU at 1M elements less than the chain did).
 The derived lines compare mm 4096³ with cuBLAS (TF32 off) and GELU/softmax with the copy bandwidth
 (a 1 GiB CUDA device copy), and show what the engine's own copy kernel moves at the same size, timed
@@ -34,7 +34,7 @@ from torch import nn
 from torchburn.bench import ROWS, Row, _function, _gelu, _mm, _softmax
 
 from .device import gpu
-from .program import gpu_seconds, pass_seconds, recording_plans
+from .timing import gpu_seconds, pass_seconds, recording_plans
 
 GPU_ROWS = [r for r in ROWS if r.kind == "throughput"] + [
     Row("mm4096", "matmul 4096x4096 @ 4096x4096", _function(_mm, (4096, 4096), (4096, 4096)), tol=5e-2),

@@ -9,14 +9,12 @@ whose lifetimes do not overlap.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
-import statistics
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -42,18 +40,6 @@ _pipeline_caches: dict[int, PipelineCache] = {}
 PLANS_KEPT = 8
 # while a ``recording_plans()`` block runs: the plans run in it (benchmarks time their kernels)
 _RECORDING: list[Plan] | None = None
-
-
-@contextlib.contextmanager
-def recording_plans() -> Iterator[list[Plan]]:
-    """Collects, into the list it yields, each plan run inside the block (once each)."""
-    global _RECORDING
-    ran: list[Plan] = []
-    _RECORDING = ran
-    try:
-        yield ran
-    finally:
-        _RECORDING = None
 
 
 def recent_regions() -> list[CompiledRegion]:
@@ -246,7 +232,7 @@ class Plan:
         if self.error_slot is not None:
             queue.write_buffer(self.buffers[self.error_slot], 0, b"\0\0\0\0")
         try:
-            if self.validated and _raw_library() is not None:
+            if self.validated and raw_library() is not None:
                 commands = self._recorded[0] or _record_raw(gpu, self.raw_passes, self.copies, self.staging)
                 self._recorded[0] = None
                 _submit_raw(gpu, commands)
@@ -319,78 +305,8 @@ def _staging_read_mode() -> Any:
     return wgpu.MapMode.READ
 
 
-def gpu_seconds(plan: Plan, repeats: int) -> float:
-    """GPU time of one run of ``plan``'s kernels, uploads and readback excluded: its dispatches
-    recorded ``repeats`` times into one submission, timed to completion, less one run's submission
-    (the difference cancels the submit and wait latency), divided by ``repeats - 1``."""
-
-    def submit(times: int) -> float:
-        device = plan.gpu.device
-        encoder = device.create_command_encoder()
-        compute = encoder.begin_compute_pass()
-        for _ in range(times):
-            for pipeline, group, groups in plan.passes:
-                compute.set_pipeline(pipeline)
-                compute.set_bind_group(0, group)
-                compute.dispatch_workgroups(*groups)
-        compute.end()
-        t0 = time.perf_counter()
-        device.queue.submit([encoder.finish()])
-        device.queue.read_buffer(plan.staging_probe)  # returns once the queue has drained
-        return time.perf_counter() - t0
-
-    submit(1)  # warm
-    one = min(submit(1) for _ in range(3))
-    many = min(submit(repeats) for _ in range(3))
-    estimate = max(many - one, 1e-7) / (repeats - 1)
-    if estimate * repeats < 0.01:  # small kernels: repeat until the difference dwarfs submit jitter
-        repeats = min(int(0.01 / estimate) + 1, 5000)
-        many = min(submit(repeats) for _ in range(3))
-    return max(many - one, 0.0) / (repeats - 1)
-
-
-def pass_seconds(plan: Plan, runs: int = 50) -> float | None:
-    """GPU time of one run of ``plan``'s kernels by the adapter's own clock: timestamps written at the
-    start and end of its compute pass, each run submitted alone; the median of ``runs``. Unlike
-    ``gpu_seconds`` no barrier waits before the kernels, but the span holds the pass's own start and
-    drain. None where the adapter has no timestamp queries."""
-    import numpy as np
-    import wgpu
-
-    gpu = plan.gpu
-    if not gpu.timestamps:
-        return None
-    device = gpu.device
-    queries = device.create_query_set(type=wgpu.QueryType.timestamp, count=2)
-    resolved = device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-    writes = {"query_set": queries, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1}
-    nanoseconds = _timestamp_period(gpu)
-    samples = []
-    for _ in range(runs + 1):  # the first warms the pipelines and caches
-        encoder = device.create_command_encoder()
-        compute = encoder.begin_compute_pass(timestamp_writes=writes)
-        for pipeline, group, groups in plan.passes:
-            compute.set_pipeline(pipeline)
-            compute.set_bind_group(0, group)
-            compute.dispatch_workgroups(*groups)
-        compute.end()
-        encoder.resolve_query_set(queries, 0, 2, resolved, 0)
-        device.queue.submit([encoder.finish()])
-        start, end = (int(t) for t in np.frombuffer(device.queue.read_buffer(resolved), dtype=np.uint64))
-        samples.append((end - start) * nanoseconds * 1e-9)
-    return statistics.median(samples[1:])
-
-
-def _timestamp_period(gpu: Gpu) -> float:
-    """Nanoseconds per timestamp tick: wgpu-native resolves raw ticks, whose length the queue reports."""
-    raw = _raw_library()
-    if raw is None or not hasattr(raw[0], "wgpuQueueGetTimestampPeriod"):
-        return 1.0
-    return float(raw[0].wgpuQueueGetTimestampPeriod(gpu.device.queue._internal))
-
-
 @functools.cache
-def _raw_library() -> Any:
+def raw_library() -> Any:
     """wgpu-native's C functions as cffi exposes them, or None where this wgpu has another layout.
 
     Recording a region's dispatches through wgpu's Python API costs about 10 µs per call (each call
@@ -432,7 +348,7 @@ def _record_raw(
     C calls: through wgpu-py's objects the encoder, pass, copies, finish and submit cost about 0.25 ms
     a run on an H200 host, half of a transformer layer's GPU time. The descriptors are empty (no
     labels), which the C API takes as null. The caller owns the returned handle (see `_submit_raw`)."""
-    lib, ffi = _raw_library()
+    lib, ffi = raw_library()
     encoder = lib.wgpuDeviceCreateCommandEncoder(gpu.device._internal, ffi.NULL)
     try:
         if passes:
@@ -454,7 +370,7 @@ def _record_raw(
 
 def _submit_raw(gpu: Gpu, commands: Any) -> None:
     """Submits a command buffer from `_record_raw` and releases it."""
-    lib, ffi = _raw_library()
+    lib, ffi = raw_library()
     try:
         lib.wgpuQueueSubmit(gpu.device.queue._internal, 1, ffi.new("WGPUCommandBuffer[1]", [commands]))
     finally:
@@ -463,7 +379,7 @@ def _submit_raw(gpu: Gpu, commands: Any) -> None:
 
 def _release_recorded(cell: list[Any]) -> None:
     """Releases a plan's command buffer recorded ahead that no call submitted."""
-    raw = _raw_library()
+    raw = raw_library()
     if cell[0] is not None and raw is not None:
         raw[0].wgpuCommandBufferRelease(cell[0])
         cell[0] = None
@@ -480,7 +396,7 @@ _MAP_REQUESTS = itertools.count(1)
 def _map_callback() -> Any:
     """One C callback for every raw read mapping: it records the mapping's status under the request
     number passed as its first user pointer."""
-    _, ffi = _raw_library()
+    _, ffi = raw_library()
 
     @ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")  # type: ignore[untyped-decorator]
     def mapped(status: int, _message: Any, request: Any, _unused: Any) -> None:
@@ -495,7 +411,7 @@ def _read_raw(gpu: Gpu, staging: Any, nbytes: int, consume: Callable[[Any], Resu
     wgpu-native's C calls on this thread: the mapping is requested, then this thread polls the
     device until the work is done and the mapping reported. wgpu-py's ``map_sync`` hands the wait to
     its polling thread and back (about 0.2 ms a run on an H200 host even with an idle queue)."""
-    lib, ffi = _raw_library()
+    lib, ffi = raw_library()
     request = next(_MAP_REQUESTS)
     info = ffi.new("WGPUBufferMapCallbackInfo *")
     info.mode = lib.WGPUCallbackMode_AllowProcessEvents
