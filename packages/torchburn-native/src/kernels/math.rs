@@ -192,13 +192,21 @@ pub fn gelu_positive_infinity_nan() -> bool {
 /// GELU with the exact (erf) form: x/2 · (1 + erf(x/√2)).
 #[inline(always)]
 pub fn gelu_f32(x: f32) -> f32 {
+    gelu_rule(x, gelu_positive_infinity_nan())
+}
+
+/// [`gelu_f32`] with the +inf rule passed in: read once per slice, outside the loop, so that the
+/// loop stays branch-free and vectorizes (an atomic load inside it would keep it scalar).
+#[inline(always)]
+fn gelu_rule(x: f32, pos_inf_nan: bool) -> f32 {
     let c = 1.0 + erf_rational(x * std::f32::consts::FRAC_1_SQRT_2);
+    let special = if x > 0.0 && !pos_inf_nan {
+        f32::INFINITY
+    } else {
+        f32::NAN
+    };
     if x.is_infinite() {
-        if x > 0.0 && !gelu_positive_infinity_nan() {
-            f32::INFINITY
-        } else {
-            f32::NAN
-        }
+        special
     } else {
         0.5 * x * c
     }
@@ -212,8 +220,9 @@ pub fn gelu_slice_f32(a: &[f32], out: &mut [f32]) {
     if super::gelu_x86::gelu_f32(a, out) {
         return;
     }
+    let pos_inf_nan = gelu_positive_infinity_nan();
     for (o, &x) in out.iter_mut().zip(a) {
-        *o = gelu_f32(x);
+        *o = gelu_rule(x, pos_inf_nan);
     }
 }
 
