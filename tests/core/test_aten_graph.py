@@ -26,7 +26,7 @@ def aot_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(lowering, "aot_module_simplified", spy)
+    monkeypatch.setattr(aten_graph, "aot_module_simplified", spy)
     torch._dynamo.reset()
     return calls
 

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
+from .aten_graph import to_aten
 from .engines.discovery import resolve_engine
 from .errors import OptionsError
-from .aten_graph import to_aten
 from .options import parse_options
 from .partition import partition_and_compile, whole_graph_program
 
