@@ -18,10 +18,12 @@ from typing import Any
 import torch
 import torch.fx
 
-from torchburn.planning import GraphWalk, LoweringTable, PlanContext, PlanError, extent
+from torchburn.planning import GraphWalk, LoweringTable, PlanContext, PlanError, expr, extent
 from torchburn.planning import broadcast_strides as _broadcast_strides
 
+from . import expr_code
 from .values import (
+    DOMAIN_TYPES,
     DTYPE_NAMES,
     Buffer,
     Domain,
@@ -157,15 +159,26 @@ class Planner(GraphWalk):
             if x.domain == domain:
                 return x
             x = self.materialize(x)
+        node_type = DOMAIN_TYPES[domain]
         if isinstance(x, Value):
-            return Lazy("load", (x,), x.dtype, x.shape, domain)
+            return Lazy(expr.load(x, node_type), x.dtype, x.shape, domain)
         if isinstance(x, bool):
-            return Lazy("const", (int(x),), torch.bool, (), domain)
+            return Lazy(expr.const(int(x), node_type), torch.bool, (), domain)
         if isinstance(x, int):
-            return Lazy("const", (x,), torch.int64, (), domain)
+            return Lazy(expr.const(x, node_type), torch.int64, (), domain)
         if isinstance(x, float):
-            return Lazy("const", (x,), torch.float32, (), domain)
+            return Lazy(expr.const(x, node_type), torch.float32, (), domain)
         raise PlanError(f"cannot use {type(x).__name__} as a tensor operand")
+
+    def converted(self, x: Tensorish, dtype: torch.dtype) -> Lazy:
+        """``x`` read in its own dtype's domain and stored as ``dtype``: a conversion fused into its reader."""
+        src = self.lazy(x, domain_of(x.dtype))
+        return Lazy(expr.apply("identity", src.expr), dtype, src.shape, src.domain)
+
+    def filled(self, value: float | int | bool, dtype: torch.dtype, shape: tuple[int, ...]) -> Lazy:
+        """``value`` at every index of ``shape``, stored as ``dtype``."""
+        d = domain_of(dtype)
+        return Lazy(expr.const(value, DOMAIN_TYPES[d]), dtype, shape, d)
 
     def value(self, x: Tensorish) -> Value:
         return x if isinstance(x, Value) else self.materialize(x)
@@ -181,58 +194,17 @@ class Planner(GraphWalk):
         return self.materialize(self.lazy(x, domain_of(dtype)), dtype=dtype, copy=True)
 
     def materialize(
-        self, expr: Lazy, dtype: torch.dtype | None = None, into: Value | None = None, copy: bool = False
+        self, lazy: Lazy, dtype: torch.dtype | None = None, into: Value | None = None, copy: bool = False
     ) -> Value:
         """Write an expression to memory with one fused elementwise instruction."""
-        if expr.op == "load" and into is None and not copy and dtype in (None, expr.args[0].dtype):
-            return expr.args[0]  # type: ignore[no-any-return]
-        dtype = dtype or expr.dtype
-        out = into if into is not None else self.new_value(expr.shape, dtype)
+        loaded = lazy.expr.leaf if lazy.expr.op == "load" else None
+        if loaded is not None and into is None and not copy and dtype in (None, loaded.dtype):
+            return loaded  # type: ignore[no-any-return]
+        dtype = dtype or lazy.dtype
+        out = into if into is not None else self.new_value(lazy.shape, dtype)
         shape = out.shape
-        code: list[dict[str, Any]] = []
-        loads: list[Value] = []
-        load_index: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], int] = {}
-        memo: dict[int, int] = {}
-
-        def reg(node: Lazy) -> int:
-            if id(node) in memo:
-                return memo[id(node)]
-            if node.op == "load":
-                v: Value = node.args[0]
-                key = (id(v.buffer), v.offset, v.shape, v.strides)
-                if key not in load_index:
-                    load_index[key] = len(loads)
-                    loads.append(v)
-                r = len(memo)
-                code.append({"op": "load", "d": r, "input": load_index[key]})
-            elif node.op == "const":
-                c = node.args[0]
-                r = len(memo)
-                ivalue = int(c) if isinstance(c, (int, bool)) or (float(c).is_integer() and abs(c) < 2**63) else 0
-                code.append({"op": "const", "d": r, "value": float(c), "ivalue": ivalue})
-            elif node.op == "iota":
-                r = len(memo)
-                code.append({"op": "iota", "d": r})
-            elif node.op == "unary":
-                a = reg(node.args[1])
-                r = len(memo)
-                code.append({"op": "unary", "d": r, "f": node.args[0], "a": a})
-            elif node.op == "binary":
-                a = reg(node.args[1])
-                b = reg(node.args[2])
-                r = len(memo)
-                code.append({"op": "binary", "d": r, "f": node.args[0], "a": a, "b": b})
-            elif node.op == "where":
-                c_, a, b = (reg(x) for x in node.args)
-                r = len(memo)
-                code.append({"op": "where", "d": r, "c": c_, "a": a, "b": b})
-            else:
-                raise PlanError(f"unknown expression op {node.op}")
-            memo[id(node)] = r
-            return r
-
-        result = reg(expr)
-        code.append({"op": "store", "a": result, "output": 0})
+        code, loads, nregs = expr_code.steps(lazy.expr)
+        code.append({"op": "store", "a": nregs - 1, "output": 0})
         stride_sets = [broadcast_strides(v, shape) for v in loads] + [out.strides]
         iter_shape, coalesced = coalesce(shape, stride_sets)
         if any(c["op"] == "iota" for c in code) and (len(iter_shape) != 1 or not out.is_contiguous):
@@ -241,12 +213,12 @@ class Planner(GraphWalk):
         output = out.operand(iter_shape, coalesced[-1])
         instr = {
             "kind": "elementwise",
-            "domain": expr.domain,
+            "domain": lazy.domain,
             "shape": list(iter_shape),
             "inputs": inputs,
             "outputs": [output],
             "code": code,
-            "nregs": len(memo),
+            "nregs": nregs,
         }
         self.emit(instr, loads, [out])
         return out

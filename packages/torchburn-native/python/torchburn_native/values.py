@@ -3,12 +3,12 @@ expressions (``Lazy``) that are fused into one sweep when something finally need
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
-from torchburn.planning import compute_type, contiguous_strides, numel
+from torchburn.planning import ComputeType, Expr, compute_type, contiguous_strides, numel
 
 __all__ = [
     "DTYPE_NAMES",
@@ -46,6 +46,10 @@ FLOAT_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfl
 # the shared compute types (torchburn.planning.expr) as the elementwise machine has them: integers and
 # bools in i64
 _DOMAINS: dict[str, Domain] = {"f64": "f64", "f32": "f32", "int": "i64", "bool": "i64"}
+
+
+# the shared compute type of the nodes of an expression computed in each domain
+DOMAIN_TYPES: dict[Domain, ComputeType] = {"f32": "f32", "f64": "f64", "i64": "int"}
 
 
 def domain_of(dtype: torch.dtype) -> Domain:
@@ -120,18 +124,15 @@ class Value:
 
 @dataclass(eq=False)
 class Lazy:
-    """An elementwise expression not yet written to memory.
+    """An elementwise expression not yet written to memory: ``expr`` (the shared expression node of
+    :mod:`torchburn.planning.expr`, whose loads are ``Value``s) at every index of ``shape``, computed in
+    ``domain`` and stored as ``dtype``. One fused instruction computes in one domain, so every node of
+    ``expr`` does (a predicate's bool is 0 or 1 there)."""
 
-    ``op`` is ``load`` (args: a Value), ``const`` (args: a Python number), ``iota``, ``unary``/``binary``
-    (args: function name then operands) or ``where``. ``shape`` is the broadcast result shape.
-    """
-
-    op: str
-    args: tuple[Any, ...]
+    expr: Expr
     dtype: torch.dtype
     shape: tuple[int, ...]
     domain: Domain
-    meta: dict[str, Any] = field(default_factory=dict)
 
 
 Tensorish = Value | Lazy

@@ -15,9 +15,10 @@ from typing import Any
 import torch
 import torch.fx
 
-from torchburn.planning import GraphWalk, LoweringTable, PlanContext, PlanError
+from torchburn.planning import ComputeType, Expr, GraphWalk, LoweringTable, PlanContext, PlanError, expr
 
-from .kernels import Launch, elementwise_source, f32_literal, f64_literal, grid, params
+from . import expr_code
+from .kernels import Launch, elementwise_source, grid, params
 from .values import KINDS, SUPPORTED_DTYPES, WGSL_TYPES, Value, broadcast_strides, contiguous, numel
 
 # the engine's lowerings (filled by ``lowering/``, one module per family)
@@ -25,27 +26,13 @@ TABLE = LoweringTable("wgpu")
 # the PlanContext limit planning reads: storage buffers one kernel may bind
 MAX_BINDINGS = "max-storage-buffers-per-shader-stage"
 
-__all__ = ["TABLE", "Expr", "Lazy", "PlanError", "Planner", "Slot", "Tensorish"]
-
-
-@dataclass(frozen=True, eq=False)
-class Expr:
-    """A node of a fused elementwise expression: a load of ``leaf``, or ``template`` over ``args``.
-
-    ``template`` is WGSL with ``{0}``, ``{1}``... for the arguments (and may use ``i``, the output's
-    linear index); ``kind`` is what it yields: "f32", "i32" or "bool". Compared by identity: a shared
-    sub-expression is computed once.
-    """
-
-    kind: str
-    template: str = ""
-    args: tuple[Expr, ...] = ()
-    leaf: Value | None = None
+__all__ = ["TABLE", "Lazy", "PlanError", "Planner", "Slot", "Tensorish", "constant"]
 
 
 @dataclass(frozen=True)
 class Lazy:
-    """An elementwise result not yet in memory: ``expr`` evaluated at every index of ``shape``."""
+    """An elementwise result not yet in memory: ``expr`` (the shared expression node of
+    :mod:`torchburn.planning.expr`, whose loads are ``Value``s) at every index of ``shape``."""
 
     expr: Expr
     dtype: torch.dtype
@@ -108,33 +95,33 @@ class Planner(GraphWalk):
 
     # ---- elementwise ----------------------------------------------------------------------------
     def lazy(self, x: Tensorish | float | bool, shape: tuple[int, ...]) -> Expr:
-        """``x`` as an expression of its own kind over ``shape`` (broadcast); scalars become constants."""
+        """``x`` as an expression of its own type over ``shape`` (broadcast); scalars become constants."""
         if isinstance(x, bool):
-            return Expr("bool", "true" if x else "false")
+            return expr.const(x, "bool")
         if isinstance(x, int):
             if not -(2**31) <= x < 2**31:
                 raise PlanError(f"integer constant {x} does not fit the 32-bit integers this engine computes in")
-            return Expr("i32", f"i32({x})")
+            return expr.const(x, "int")
         if isinstance(x, float):
-            return Expr("f32", f32_literal(x))
+            return expr.const(x, "f32")
         if isinstance(x, Lazy):
             if x.shape == shape:
                 return x.expr
             x = self.materialize(x)
         leaf = Value(x.slot, x.dtype, shape, broadcast_strides(x, shape), x.offset, x.buffer_numel)
-        return Expr(KINDS[x.dtype], leaf=leaf)
+        return expr.load(leaf, KINDS[x.dtype])
 
     def materialize(self, x: Tensorish, out: Value | None = None) -> Value:
         """``x`` in memory: a Value as is, a Lazy by one generated kernel (into ``out`` if given, a view
         of another buffer, as ``cat`` needs; else into a new contiguous buffer)."""
         if isinstance(x, Value) and out is None:
             return x
-        expr = x.expr if isinstance(x, Lazy) else self.lazy(x, x.shape)
+        tree = x.expr if isinstance(x, Lazy) else self.lazy(x, x.shape)
         if out is None:
             out = self.new_value(x.shape, x.dtype)
         if out.numel == 0:
             return out
-        leaves = _leaves(expr)
+        leaves: list[Value] = expr.leaves(tree)
         slots = list(dict.fromkeys(leaf.slot for leaf in leaves))
         if len(slots) + 2 > self.max_bindings:
             raise PlanError(
@@ -143,7 +130,7 @@ class Planner(GraphWalk):
         rank = len(out.shape)
         inners = _vector_inners(leaves, slots, out)
         if inners is None:
-            body = _render(expr, leaves, slots, out)
+            body = _render(tree, leaves, slots, out)
             words: list[int] = [out.numel, *out.shape]
             for leaf in leaves:
                 words += [leaf.offset, *leaf.strides]
@@ -154,7 +141,7 @@ class Planner(GraphWalk):
         else:
             # four elements per load and store: per operand, where its 4-aligned run starts (in vectors)
             # and how many vectors it repeats after (0 for a scalar)
-            body = _render_vector(expr, leaves, slots, out, inners)
+            body = _render_vector(tree, leaves, slots, out, inners)
             words = [out.numel // 4, *out.shape]
             for leaf, inner in zip(leaves, inners, strict=True):
                 words += [leaf.offset if inner == 1 else leaf.offset // 4, inner // 4, *[0] * (rank - 1)]
@@ -179,56 +166,11 @@ class Planner(GraphWalk):
         return self.materialize(x)
 
 
-# WGSL conversions between expression kinds, as PyTorch converts dtypes (float to int truncates)
-CASTS = {
-    ("bool", "f32"): "select(0.0, 1.0, {0})",
-    ("bool", "i32"): "select(0i, 1i, {0})",
-    ("bool", "f64"): "select(0.0lf, 1.0lf, {0})",
-    ("i32", "f32"): "f32({0})",
-    ("i32", "f64"): "f64({0})",
-    ("f32", "i32"): "i32({0})",
-    ("f32", "f64"): "f64({0})",
-    ("f64", "f32"): "f32({0})",
-    ("f64", "i32"): "i32({0})",
-    ("f32", "bool"): "({0} != 0.0)",
-    ("f64", "bool"): "({0} != 0.0lf)",
-    ("i32", "bool"): "({0} != 0i)",
-}
-
-
-def constant(value: float | int | bool, kind: str) -> Expr:
+def constant(value: float | int | bool, kind: ComputeType) -> Expr:
     """A Python scalar as an exact constant of ``kind``."""
-    if kind == "bool":
-        return Expr("bool", "true" if value else "false")
-    if kind == "i32":
-        if float(value) != int(value) or not -(2**31) <= int(value) < 2**31:
-            raise PlanError(f"constant {value} is not a 32-bit integer")
-        return Expr("i32", f"i32({int(value)})")
-    if kind == "f64":
-        return Expr("f64", f64_literal(float(value)))
-    return Expr("f32", f32_literal(float(value)))
-
-
-def cast(expr: Expr, kind: str) -> Expr:
-    """``expr`` converted to ``kind`` ("f32", "i32" or "bool")."""
-    if expr.kind == kind:
-        return expr
-    return Expr(kind, CASTS[(expr.kind, kind)], (expr,))
-
-
-def _leaves(expr: Expr) -> list[Value]:
-    """The distinct loads of ``expr`` in first-use order."""
-    order: dict[Value, None] = {}
-
-    def walk(e: Expr) -> None:
-        if e.leaf is not None:
-            order.setdefault(e.leaf)
-            return
-        for a in e.args:
-            walk(a)
-
-    walk(expr)
-    return list(order)
+    if kind == "int" and (float(value) != int(value) or not -(2**31) <= int(value) < 2**31):
+        raise PlanError(f"constant {value} is not a 32-bit integer")
+    return expr.const(value, kind)
 
 
 def _row_major(strides: tuple[int, ...], shape: tuple[int, ...]) -> bool:
@@ -238,7 +180,6 @@ def _row_major(strides: tuple[int, ...], shape: tuple[int, ...]) -> bool:
 
 ELEMENTS_PER_THREAD = 4  # each thread computes this many outputs, a launch's width apart
 VECTORS_PER_THREAD = 2  # on the vec4 path: this many vec4 outputs, a launch's width apart
-INDEX = "@i"  # how an expression template names the output's linear index
 # dtypes stored in 4-byte words, which the vec4 path loads and stores four at a time
 VECTOR_DTYPES = frozenset({torch.float32, torch.int32, torch.int64, torch.bool})
 
@@ -285,24 +226,25 @@ def _vector_inners(leaves: list[Value], slots: list[int], out: Value) -> list[in
 
 def _namer(lines: list[str], prefix: str, index: str, load: Callable[[Value], str]) -> Callable[[Expr], str]:
     """A function that emits the WGSL for an expression into ``lines`` (each shared sub-expression
-    once) and returns the name of its value; ``load`` gives an operand's stored value."""
+    once, by the code table of ``expr_code``) and returns the name of its value; ``load`` gives an
+    operand's stored value, ``index`` the output's linear index."""
     names: dict[int, str] = {}
 
     def name(e: Expr) -> str:
         key = id(e)
         if key in names:
             return names[key]
-        if e.leaf is not None:
+        if e.op == "load":
             code = load(e.leaf)
             if e.leaf.dtype == torch.float16:
                 code = f"f32({code})"  # half is computed in f32
-            if e.kind == "bool":
+            if e.type == "bool":
                 code = f"({code} != 0u)"
         elif not e.args:  # a constant, or the index itself: inline
-            names[key] = e.template.replace(INDEX, index)
+            names[key] = expr_code.literal(e, index)
             return names[key]
         else:
-            code = e.template.replace(INDEX, index).format(*(name(a) for a in e.args))
+            code = expr_code.template(e).format(*(name(a) for a in e.args))
         n = f"{prefix}_{len(names)}"
         names[key] = n
         lines.append(f"    let {n} = {code};")
@@ -311,9 +253,9 @@ def _namer(lines: list[str], prefix: str, index: str, load: Callable[[Value], st
     return name
 
 
-def _stored(expr: Expr, out: Value, name: Callable[[Expr], str]) -> str:
-    """``expr`` converted to what ``out`` stores."""
-    result = name(cast(expr, KINDS[out.dtype]))
+def _stored(tree: Expr, out: Value, name: Callable[[Expr], str]) -> str:
+    """``tree`` converted to what ``out`` stores."""
+    result = name(expr.cast(tree, KINDS[out.dtype]))
     if out.dtype == torch.bool:
         return f"select(0u, 1u, {result})"
     if out.dtype == torch.float16:
@@ -335,8 +277,8 @@ def _guarded_store(copy: int, target: str, value: str) -> str:
     return f"    if (t + {copy}u * width < params[0]) {{ out[{target}] = {value}; }}"
 
 
-def _render(expr: Expr, leaves: list[Value], slots: list[int], out: Value) -> str:
-    """WGSL statements computing ``expr`` at ELEMENTS_PER_THREAD indices and storing the results.
+def _render(tree: Expr, leaves: list[Value], slots: list[int], out: Value) -> str:
+    """WGSL statements computing ``tree`` at ELEMENTS_PER_THREAD indices and storing the results.
 
     Every load of every copy comes before any store: the compiler may not move a load above a store
     to another binding (they could alias), so this order is what lets a thread have several loads in
@@ -362,13 +304,13 @@ def _render(expr: Expr, leaves: list[Value], slots: list[int], out: Value) -> st
             k = leaf_index[leaf]
             return f"in{slots.index(leaf.slot)}[{address(k, leaf.strides, index)}]"
 
-        result = _stored(expr, out, _namer(lines, f"e{copy}", index, load))
+        result = _stored(tree, out, _namer(lines, f"e{copy}", index, load))
         stores.append(_guarded_store(copy, address(n_leaves, out.strides, index), result))
     return "\n".join(lines + stores)
 
 
-def _render_vector(expr: Expr, leaves: list[Value], slots: list[int], out: Value, inners: list[int]) -> str:
-    """WGSL statements computing ``expr`` at VECTORS_PER_THREAD runs of four elements: each operand
+def _render_vector(tree: Expr, leaves: list[Value], slots: list[int], out: Value, inners: list[int]) -> str:
+    """WGSL statements computing ``tree`` at VECTORS_PER_THREAD runs of four elements: each operand
     is loaded as one vec4 (or once, as a scalar), the expression is computed per lane, and the four
     results are stored as one vec4. Wider loads and stores are what let a kernel over a few
     megabytes get close to the bandwidth: at 1M elements the same GELU took 4.3-5.2 µs this way
@@ -401,7 +343,7 @@ def _render_vector(expr: Expr, leaves: list[Value], slots: list[int], out: Value
             def load(leaf: Value, lane: int = lane, lane_of: dict[Value, str] = lane_of) -> str:
                 return lane_of[leaf].format(lane=lane)
 
-            lanes.append(_stored(expr, out, _namer(lines, f"e{copy}_{lane}", f"({q} * 4u + {lane}u)", load)))
+            lanes.append(_stored(tree, out, _namer(lines, f"e{copy}_{lane}", f"({q} * 4u + {lane}u)", load)))
         vector = f"{_vec4(WGSL_TYPES[out.dtype])}({', '.join(lanes)})"
         stores.append(_guarded_store(copy, f"{word(len(leaves))} + {q}", vector))
     return "\n".join(lines + stores)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from torchburn.planning import Layout, compute_type, meta_like, numel
+from torchburn.planning import ComputeType, Layout, compute_type, meta_like, numel
 from torchburn.planning import broadcast_strides as _broadcast_strides
 from torchburn.planning import contiguous_strides as contiguous
 
@@ -41,9 +41,9 @@ WGSL_TYPES = {
     torch.int64: "i32",
     torch.int32: "i32",
 }
-# what an expression of each dtype computes in: the shared compute types (torchburn.planning.expr),
-# integers in WGSL's i32 (float16 is stored as f16 and computed in f32, as PyTorch computes half on CPU)
-KINDS = {dtype: {"int": "i32"}.get(compute_type(dtype), compute_type(dtype)) for dtype in WGSL_TYPES}
+# what an expression of each dtype computes in: the shared compute types (torchburn.planning.expr);
+# "int" is WGSL's i32 (float16 is stored as f16 and computed in f32, as PyTorch computes half on CPU)
+KINDS: dict[torch.dtype, ComputeType] = {dtype: compute_type(dtype) for dtype in WGSL_TYPES}
 SUPPORTED_DTYPES = frozenset(WGSL_TYPES)
 INTEGER_DTYPES = frozenset({torch.int64, torch.int32})
 WORD = 4  # bytes of every stored type but f64

@@ -6,7 +6,8 @@ needs, written once.
 - :class:`GraphWalk`: the walk over a region graph (inputs, meta propagation, ``getitem``, lazy values
   with several readers);
 - :mod:`~torchburn.planning.views`: the view ops and their layouts, computed on meta tensors;
-- :mod:`~torchburn.planning.expr`: the compute-type rule of fused elementwise expressions;
+- :mod:`~torchburn.planning.expr`: the fused elementwise expression node (:class:`Expr`), its function
+  vocabulary and compute-type rule; each engine supplies a code table for it;
 - :class:`PlannedRegion`: a compiled region with one plan per input signature, least recently used out;
 - :class:`PlanContext`: the runtime facts (threads, BLAS, device limits) planning may depend on.
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from .context import PlanContext
 from .errors import PlanError
-from .expr import ComputeType, compute_type, promoted_compute_type
+from .expr import ComputeType, Expr, compute_type, promoted_compute_type
 from .families import Family
 from .region import PlannedRegion, signature
 from .table import Lowering, LoweringTable
@@ -48,6 +49,7 @@ __all__ = [
     "PlanError",
     "PlannedRegion",
     "ComputeType",
+    "Expr",
     "broadcast_strides",
     "compute_type",
     "contiguous_strides",

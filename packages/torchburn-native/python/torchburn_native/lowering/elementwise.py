@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-from torchburn.planning import Family
+from torchburn.planning import ComputeType, Family, expr
 
 from ..planner import PlanError, Planner, broadcast_shapes
-from ..values import FLOAT_DTYPES, SUPPORTED_DTYPES, Domain, Lazy, Tensorish, Value, domain_of
+from ..values import DOMAIN_TYPES, FLOAT_DTYPES, SUPPORTED_DTYPES, Domain, Lazy, Tensorish, Value, domain_of
 from . import conv, lower, matmul
 
 aten = torch.ops.aten
@@ -40,19 +40,36 @@ def _domain_of_operands(*xs: Any) -> Domain:
     return "i64"
 
 
-def unary_expr(p: Planner, fn: str, x: Tensorish, out_dtype: torch.dtype) -> Lazy:
-    d = domain_of(out_dtype)
-    return Lazy("unary", (fn, p.lazy(x, d)), out_dtype, _shape(x), d)
+def _node_type(fn: str, domain: Domain) -> ComputeType:
+    return "bool" if fn in expr.PREDICATES else DOMAIN_TYPES[domain]
+
+
+def unary_expr(p: Planner, fn: str, x: Tensorish, out_dtype: torch.dtype, domain: Domain | None = None) -> Lazy:
+    """``fn(x)`` computed in ``domain`` (by default the output's), stored as ``out_dtype``."""
+    d = domain or domain_of(out_dtype)
+    a = p.lazy(x, d).expr
+    return Lazy(expr.apply(fn, a, type=_node_type(fn, d)), out_dtype, _shape(x), d)
 
 
 def binary_expr(p: Planner, fn: str, a: Any, b: Any, out_dtype: torch.dtype, domain: Domain | None = None) -> Lazy:
+    """``fn(a, b)`` computed in ``domain`` (by default the output's), stored as ``out_dtype``."""
     d = domain or domain_of(out_dtype)
     shape = broadcast_shapes(_shape(a), _shape(b))
-    return Lazy("binary", (fn, p.lazy(a, d), p.lazy(b, d)), out_dtype, shape, d)
+    node = expr.apply(fn, p.lazy(a, d).expr, p.lazy(b, d).expr, type=_node_type(fn, d))
+    return Lazy(node, out_dtype, shape, d)
+
+
+def where_expr(p: Planner, cond: Any, a: Any, b: Any, out_dtype: torch.dtype) -> Lazy:
+    """``a`` where ``cond`` holds, else ``b``, all computed in the output's domain."""
+    d = domain_of(out_dtype)
+    shape = broadcast_shapes(_shape(cond), _shape(a), _shape(b))
+    c, x, y = (p.lazy(v, d).expr for v in (cond, a, b))
+    return Lazy(expr.where(c, x, y), out_dtype, shape, d)
 
 
 def const(value: float | int | bool, dtype: torch.dtype, shape: tuple[int, ...] = ()) -> Lazy:
-    return Lazy("const", (value,), dtype, tuple(shape), domain_of(dtype))
+    d = domain_of(dtype)
+    return Lazy(expr.const(value, DOMAIN_TYPES[d]), dtype, tuple(shape), d)
 
 
 def _out_dtype(p: Planner) -> torch.dtype:
@@ -129,8 +146,7 @@ for _op, _fn in UNARY_ANY.items():
 
 def _unary_to_bool(fn: str) -> Any:
     def lowering(p: Planner, node: Any, x: Tensorish) -> Lazy:
-        d = domain_of(x.dtype)
-        return Lazy("unary", (fn, p.lazy(x, d)), torch.bool, _shape(x), d)
+        return unary_expr(p, fn, x, torch.bool, domain_of(x.dtype))
 
     return lowering
 
@@ -141,14 +157,13 @@ for _op, _fn in UNARY_TO_BOOL.items():
 
 @lower(aten.isfinite.default, family=Family.ELEMENTWISE, dtypes=ANY)
 def isfinite(p: Planner, node: Any, x: Tensorish) -> Lazy:
-    d = domain_of(x.dtype)
-    return Lazy("unary", ("is_finite", p.lazy(x, d)), torch.bool, _shape(x), d)
+    return unary_expr(p, "is_finite", x, torch.bool, domain_of(x.dtype))
 
 
 @lower(aten.bitwise_not.default, family=Family.ELEMENTWISE, dtypes=ANY - FLOATS)
 def bitwise_not(p: Planner, node: Any, x: Tensorish) -> Lazy:
     fn = "logical_not" if x.dtype == torch.bool else "bitwise_not"
-    return Lazy("unary", (fn, p.lazy(x, "i64")), x.dtype, _shape(x), "i64")
+    return unary_expr(p, fn, x, x.dtype, "i64")
 
 
 # Activations with an epilogue form: when their input is a fresh matmul result used nowhere else, the
@@ -207,34 +222,31 @@ def gelu(p: Planner, node: Any, x: Tensorish, approximate: str = "none") -> Any:
 @lower(aten.leaky_relu.default, family=Family.ACTIVATION, dtypes=FLOATS)
 def leaky_relu(p: Planner, node: Any, x: Tensorish, negative_slope: float = 0.01) -> Lazy:
     out = _out_dtype(p)
-    d = domain_of(out)
-    xl = p.lazy(x, d)
-    cond = Lazy("binary", ("gt", xl, p.lazy(0.0, d)), torch.bool, xl.shape, d)
+    xl = p.lazy(x, domain_of(out))
+    cond = binary_expr(p, "gt", xl, 0.0, torch.bool, xl.domain)
     scaled = binary_expr(p, "mul", xl, float(negative_slope), out)
-    return Lazy("where", (cond, xl, scaled), out, xl.shape, d)
+    return where_expr(p, cond, xl, scaled, out)
 
 
 @lower(aten.elu.default, family=Family.ACTIVATION, dtypes=FLOATS)
 def elu(p: Planner, node: Any, x: Tensorish, alpha: float = 1.0, scale: float = 1.0, input_scale: float = 1.0) -> Lazy:
     out = _out_dtype(p)
-    d = domain_of(out)
-    xl = p.lazy(x, d)
-    cond = Lazy("binary", ("gt", xl, p.lazy(0.0, d)), torch.bool, xl.shape, d)
+    xl = p.lazy(x, domain_of(out))
+    cond = binary_expr(p, "gt", xl, 0.0, torch.bool, xl.domain)
     neg = binary_expr(
         p, "mul", unary_expr(p, "expm1", binary_expr(p, "mul", xl, float(input_scale), out), out), float(alpha), out
     )
-    return binary_expr(p, "mul", Lazy("where", (cond, xl, neg), out, xl.shape, d), float(scale), out)
+    return binary_expr(p, "mul", where_expr(p, cond, xl, neg, out), float(scale), out)
 
 
 @lower(aten.softplus.default, family=Family.ACTIVATION, dtypes=FLOATS)
 def softplus(p: Planner, node: Any, x: Tensorish, beta: float = 1.0, threshold: float = 20.0) -> Lazy:
     out = _out_dtype(p)
-    d = domain_of(out)
-    xl = p.lazy(x, d)
+    xl = p.lazy(x, domain_of(out))
     bx = binary_expr(p, "mul", xl, float(beta), out)
     soft = binary_expr(p, "div", unary_expr(p, "log1p", unary_expr(p, "exp", bx, out), out), float(beta), out)
-    cond = Lazy("binary", ("gt", bx, p.lazy(float(threshold), d)), torch.bool, xl.shape, d)
-    return Lazy("where", (cond, xl, soft), out, xl.shape, d)
+    cond = binary_expr(p, "gt", bx, float(threshold), torch.bool, xl.domain)
+    return where_expr(p, cond, xl, soft, out)
 
 
 # ---- binary ------------------------------------------------------------------------------------
@@ -373,11 +385,7 @@ def pow_tensor(p: Planner, node: Any, a: Any, b: Any) -> Lazy:
 
 @lower(aten.where.self, family=Family.ELEMENTWISE, dtypes=ANY)
 def where(p: Planner, node: Any, cond: Any, a: Any, b: Any) -> Lazy:
-    out = _out_dtype(p)
-    d = domain_of(out)
-    c = cond if isinstance(cond, Lazy) and cond.domain == d else p.lazy(cond, d)
-    shape = broadcast_shapes(_shape(cond), _shape(a), _shape(b))
-    return Lazy("where", (c, p.lazy(a, d), p.lazy(b, d)), out, shape, d)
+    return where_expr(p, cond, a, b, _out_dtype(p))
 
 
 @lower(aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar, family=Family.ELEMENTWISE, dtypes=ANY)
@@ -423,14 +431,12 @@ def convert(p: Planner, x: Tensorish, dtype: torch.dtype) -> Tensorish:
     if x.dtype == dtype:
         return x
     if dtype == torch.bool:
-        d = domain_of(x.dtype)
-        return Lazy("binary", ("ne", p.lazy(x, d), p.lazy(0, d)), torch.bool, x.shape, d)
+        return binary_expr(p, "ne", x, 0, torch.bool, domain_of(x.dtype))
     narrowing = dtype in (torch.float16, torch.bfloat16) and x.dtype in FLOATS
     if narrowing:
         # round now: later ops must see the narrowed value, as they do in eager
         return p.materialize(p.lazy(x, domain_of(dtype)), dtype=dtype)
-    d = domain_of(dtype)
-    return Lazy("unary", ("identity", p.lazy(x, d)), dtype, x.shape, d)
+    return unary_expr(p, "identity", x, dtype)
 
 
 @lower(prims.convert_element_type.default, family=Family.CONVERSION, dtypes=ANY)
@@ -459,7 +465,7 @@ def clone(p: Planner, node: Any, x: Tensorish, **kwargs: Any) -> Tensorish:
 @lower(aten.copy.default, family=Family.COPY, dtypes=ANY)
 def copy(p: Planner, node: Any, dst: Tensorish, src: Any, non_blocking: bool = False) -> Lazy:
     d = domain_of(dst.dtype)
-    return Lazy("unary", ("identity", p.lazy(src, d)), dst.dtype, dst.shape, d)
+    return Lazy(expr.apply("identity", p.lazy(src, d).expr), dst.dtype, dst.shape, d)
 
 
 def _full(p: Planner, shape: Any, value: Any) -> Lazy:
@@ -552,7 +558,7 @@ def arange(p: Planner, node: Any, *args: Any, **kwargs: Any) -> Value:
     meta = p.out_meta()
     d = domain_of(meta.dtype)
     (n,) = meta.shape
-    idx = Lazy("iota", (), torch.int64, (n,), d)
+    idx = Lazy(expr.position(DOMAIN_TYPES[d]), torch.int64, (n,), d)
     val = binary_expr(p, "add", binary_expr(p, "mul", idx, step, meta.dtype), start, meta.dtype)
     return p.materialize(val)
 
@@ -583,16 +589,10 @@ def nan_to_num(
     d = domain_of(out)
     info = torch.finfo(out)
     xl = p.lazy(x, d)
-    r = Lazy(
-        "where",
-        (Lazy("unary", ("is_nan", xl), torch.bool, xl.shape, d), p.lazy(float(nan or 0.0), d), xl),
-        out,
-        xl.shape,
-        d,
-    )
+    r = where_expr(p, unary_expr(p, "is_nan", xl, torch.bool, d), float(nan or 0.0), xl, out)
     big = float(info.max if posinf is None else posinf)
     small = float(info.min if neginf is None else neginf)
-    is_pos = Lazy("binary", ("eq", xl, p.lazy(math.inf, d)), torch.bool, xl.shape, d)
-    is_neg = Lazy("binary", ("eq", xl, p.lazy(-math.inf, d)), torch.bool, xl.shape, d)
-    r = Lazy("where", (is_pos, p.lazy(big, d), r), out, xl.shape, d)
-    return Lazy("where", (is_neg, p.lazy(small, d), r), out, xl.shape, d)
+    is_pos = binary_expr(p, "eq", xl, math.inf, torch.bool, d)
+    is_neg = binary_expr(p, "eq", xl, -math.inf, torch.bool, d)
+    r = where_expr(p, is_pos, big, r, out)
+    return where_expr(p, is_neg, small, r, out)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..planner import Planner
-from ..values import Lazy, Tensorish, Value, domain_of
+from ..values import Tensorish, Value
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -18,4 +18,4 @@ def narrow(p: Planner, v: Value, dtype: torch.dtype) -> Tensorish:
     """Back to the node's dtype: a lazy conversion that fuses into whatever reads it."""
     if v.dtype == dtype:
         return v
-    return Lazy("unary", ("identity", p.lazy(v, domain_of(v.dtype))), dtype, v.shape, domain_of(v.dtype))
+    return p.converted(v, dtype)

@@ -9,7 +9,7 @@ import torch
 from torchburn.planning import Family
 
 from ..planner import Planner, broadcast_shapes, broadcast_strides
-from ..values import SUPPORTED_DTYPES, Lazy, Tensorish, Value, domain_of
+from ..values import SUPPORTED_DTYPES, Tensorish, Value, domain_of
 from . import lower
 from .views import view_by
 
@@ -137,7 +137,7 @@ def _scatter(p: Planner, x: Tensorish, dim: int, idx: Tensorish, src: Any, accum
     out = _copy_of(p, x)
     iv = p.value(idx)
     if isinstance(src, (int, float, bool)):
-        sv = p.materialize(Lazy("const", (src,), out.dtype, iv.shape, domain_of(out.dtype)))
+        sv = p.materialize(p.filled(src, out.dtype, iv.shape))
     else:
         sv = p.value(src)
         if sv.dtype != out.dtype:

@@ -14,7 +14,7 @@ import torch
 from torchburn.planning import Family
 
 from ..planner import Planner, broadcast_strides
-from ..values import Lazy, Tensorish, Value
+from ..values import Tensorish, Value
 from . import lower
 from .conv import conv_epilogue
 
@@ -188,7 +188,7 @@ def matmul(
         reads.append(biasv)
     p.emit(instr, reads, [out])
     if out_dtype != dtype:
-        return Lazy("unary", ("identity", p.lazy(out, "f32")), out_dtype, out.shape, "f32")
+        return p.converted(out, out_dtype)
     return out
 
 

@@ -11,7 +11,7 @@ import torch
 from torchburn.planning import VIEW_OPS, Family, Layout, meta_like, view_layouts
 
 from ..planner import Planner
-from ..values import SUPPORTED_DTYPES, Lazy, Tensorish, Value, contiguous_strides, domain_of
+from ..values import SUPPORTED_DTYPES, Tensorish, Value, contiguous_strides, domain_of
 from . import TABLE, lower
 
 aten = torch.ops.aten
@@ -96,8 +96,7 @@ def stack(p: Planner, node: Any, tensors: list[Tensorish], dim: int = 0) -> Valu
 def constant_pad_nd(p: Planner, node: Any, x: Tensorish, pad: list[int], value: float = 0) -> Value:
     meta = p.out_meta()
     out = p.new_value(tuple(meta.shape), meta.dtype)
-    d = domain_of(out.dtype)
-    p.materialize(Lazy("const", (value,), out.dtype, out.shape, d), into=out)
+    p.materialize(p.filled(value, out.dtype, out.shape), into=out)
     src = p.value(x)
     # pad pairs run from the last dim backwards; negative pads crop the source
     src_shape, src_strides, src_off = list(src.shape), list(src.strides), src.offset
@@ -116,7 +115,7 @@ def constant_pad_nd(p: Planner, node: Any, x: Tensorish, pad: list[int], value: 
     if all(s > 0 for s in src_shape):
         inner = src.with_view(tuple(src_shape), tuple(src_strides), src_off)
         dest = out.with_view(tuple(src_shape), out.strides, dst_off)
-        p.materialize(p.lazy(inner, d), into=dest)
+        p.materialize(p.lazy(inner, domain_of(out.dtype)), into=dest)
     return out
 
 

@@ -14,10 +14,10 @@ from typing import Any
 import torch
 
 from torchburn.attention_shapes import grouped_heads
-from torchburn.planning import Family
+from torchburn.planning import Family, expr
 
 from ..kernels import Launch, f32_bits, grid, params
-from ..planner import INDEX, Expr, Lazy, PlanError, Planner
+from ..planner import Lazy, PlanError, Planner, constant
 from ..shaders import source
 from ..values import Value, broadcast_strides
 from . import F32, FxNode, lower
@@ -125,22 +125,25 @@ def _unfused(p: Planner, q: Value, k: Value, v: Value, causal: bool, mask: Any, 
     scores = p.materialize(matmul(p, _batched(p, q), kt, None, scale if scale is not None else 1 / math.sqrt(e), 0.0))
     shape = (b, h, length, s)
     scores = scores.with_layout(scores.meta().view(shape))
-    expr = p.lazy(scores, shape)
-    neg_inf = "-bitcast<f32>(0x7f800000u)"
+    tree = p.lazy(scores, shape)
+    neg_inf = constant(-math.inf, "f32")
     if mask is not None:
         m = p.lazy(p.materialize(mask), shape)
-        if m.kind == "bool":
-            expr = Expr("f32", f"select({neg_inf}, {{0}}, {{1}})", (expr, m))
+        if m.type == "bool":
+            tree = expr.where(m, tree, neg_inf)
         else:
-            expr = Expr("f32", "({0} + {1})", (expr, m))
+            tree = expr.apply("add", tree, expr.cast(m, "f32"))
     if causal:  # query i sees keys j <= i; the scores are contiguous, so j and i come from the index
-        key, query = f"({INDEX} % {s}u)", f"(({INDEX} / {s}u) % {length}u)"
-        expr = Expr("f32", f"select({{0}}, {neg_inf}, {key} > {query})", (expr,))
-    masked = p.materialize(Lazy(expr, torch.float32, shape))
+        at = expr.position("int")
+        key = expr.apply("remainder", at, constant(s, "int"))
+        query = expr.apply("remainder", expr.apply("div_floor", at, constant(s, "int")), constant(length, "int"))
+        tree = expr.where(expr.apply("gt", key, query), neg_inf, tree)
+    masked = p.materialize(Lazy(tree, torch.float32, shape))
     probs = softmax(p, masked, 3, log=False)
     # a row with no key to see is NaN after softmax; PyTorch's flash path returns zeros there
+    row = p.lazy(probs, shape)
     cleaned = p.materialize(
-        Lazy(Expr("f32", "select({0}, 0.0, tb_isnan({0}))", (p.lazy(probs, shape),)), torch.float32, shape)
+        Lazy(expr.where(expr.apply("is_nan", row), constant(0.0, "f32"), row), torch.float32, shape)
     )
     out = p.materialize(matmul(p, _batched(p, cleaned), _batched(p, v), None, 1.0, 0.0))
     return out.with_layout(out.meta().view(b, h, length, v.shape[3]))

@@ -6,10 +6,10 @@ from typing import Any
 
 import torch
 
-from torchburn.planning import Family
+from torchburn.planning import Family, expr
 
 from ..kernels import Launch, conv_source, params
-from ..planner import Expr, Lazy, PlanError, Planner
+from ..planner import Lazy, PlanError, Planner
 from ..values import Value
 from . import F32, FxNode, lower, shape_of
 from .matmul import TILE, slices, sum_of_planes
@@ -72,5 +72,5 @@ def _convolution(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value |
     total = sum_of_planes(p, result, splits, shape, lambda meta, s: meta[s])
     if bias is not None:
         channel = bias.with_layout(bias.meta().view(bias.shape[0], *([1] * (len(shape) - 2))))
-        total = Expr("f32", "({0} + {1})", (total, p.lazy(channel, shape)))
+        total = expr.apply("add", total, p.lazy(channel, shape))
     return Lazy(total, torch.float32, shape)

@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 
-from torchburn.planning import Family
+from torchburn.planning import Expr, Family, expr
 
 from ..kernels import Launch, grid, params
-from ..planner import Expr, Lazy, PlanError, Planner, cast
+from ..planner import Lazy, PlanError, Planner, constant
 from ..shaders import source
 from ..values import WGSL_TYPES, Value
 from . import ANY, FxNode, lower, shape_of
@@ -125,17 +125,20 @@ def _index_many(p: Planner, x: Value, given: list[tuple[int, Value]], out: Any) 
     offset the gather then reports), then one gather with unit stride."""
     shapes = [tuple(i.shape) for _, i in given]
     batch: tuple[int, ...] = tuple(torch.Size(torch.broadcast_shapes(*shapes)))  # type: ignore[no-untyped-call]
-    terms = []
+    linear: Expr = constant(0, "int")
+    valid: Expr = constant(True, "bool")
     for dim, idx in given:
         size, stride = x.shape[dim], x.strides[dim]
-        term = f"select({{0}}, {{0}} + {size}i, {{0}} < 0i)"
-        terms.append((Expr("i32", term, (cast(p.lazy(idx, batch), "i32"),)), size, stride))
-    linear: Expr = Expr("i32", "0i")
-    valid: Expr = Expr("bool", "true")
-    for wrapped, size, stride in terms:
-        linear = Expr("i32", f"({{0}} + {{1}} * {stride}i)", (linear, wrapped))
-        valid = Expr("bool", f"({{0}} && {{1}} >= 0i && {{1}} < {size}i)", (valid, wrapped))
-    offsets = Expr("i32", "select(bitcast<i32>(0x80000000u), {0}, {1})", (linear, valid))
+        i = expr.cast(p.lazy(idx, batch), "int")
+        wrapped = expr.where(expr.apply("lt", i, constant(0, "int")), expr.apply("add", i, constant(size, "int")), i)
+        linear = expr.apply("add", linear, expr.apply("mul", wrapped, constant(stride, "int")))
+        in_range = expr.apply(
+            "logical_and",
+            expr.apply("ge", wrapped, constant(0, "int")),
+            expr.apply("lt", wrapped, constant(size, "int")),
+        )
+        valid = expr.apply("logical_and", valid, in_range)
+    offsets = expr.where(valid, linear, constant(-(2**31), "int"))
     index = p.materialize(Lazy(offsets, torch.int32, batch))
     result = p.new_value(shape_of(out), x.dtype)
     indexed = [d for d, _ in given]

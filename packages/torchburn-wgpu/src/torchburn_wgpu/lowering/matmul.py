@@ -6,10 +6,10 @@ from typing import Any
 
 import torch
 
-from torchburn.planning import Family
+from torchburn.planning import ComputeType, Expr, Family, expr
 
 from ..kernels import B_STRIDED, B_VEC_ALONG_K, B_VEC_ALONG_N, Launch, f32_bits, matmul_source, params
-from ..planner import Expr, Lazy, Planner, constant
+from ..planner import Lazy, Planner, constant
 from ..values import WGSL_TYPES, Value, broadcast_strides
 from . import FLOATS, FxNode, lower
 
@@ -64,7 +64,7 @@ def sum_of_planes(p: Planner, partial: Value, splits: int, shape: tuple[int, ...
     for s in range(splits):
         view = plane_of(partial.meta(), s)
         term = p.lazy(partial.with_layout(view), shape)
-        total = term if total is None else Expr(term.kind, "({0} + {1})", (total, term))
+        total = term if total is None else expr.apply("add", total, term)
     assert total is not None
     return total
 
@@ -118,13 +118,13 @@ def matmul(p: Planner, a: Value, b: Value, bias: Value | None, alpha: float, bet
         planes = meta.view(batch, splits, m, n)[:, s]
         return planes if a.rank == 3 else planes[0]
 
-    kind = "f64" if a.dtype == torch.float64 else "f32"
+    kind: ComputeType = "f64" if a.dtype == torch.float64 else "f32"
     total = sum_of_planes(p, out, splits, shape, plane)
     if alpha != 1.0:
-        total = Expr(kind, "({0} * {1})", (total, constant(alpha, kind)))
+        total = expr.apply("mul", total, constant(alpha, kind))
     if bias is not None:
-        term = Expr(kind, "({0} * {1})", (p.lazy(bias, shape), constant(beta, kind)))
-        total = Expr(kind, "({0} + {1})", (total, term))
+        term = expr.apply("mul", expr.cast(p.lazy(bias, shape), kind), constant(beta, kind))
+        total = expr.apply("add", total, term)
     return Lazy(total, a.dtype, shape)
 
 

@@ -8,14 +8,14 @@ from typing import Any
 
 import torch
 
-from torchburn.planning import Family
+from torchburn.planning import Family, expr
 
 from ..kernels import Launch, f32_bits, grid, params
-from ..planner import Expr, Lazy, Planner
+from ..planner import Lazy, Planner, constant
 from ..shaders import row_tree, source
 from ..values import Value
 from . import F32, FxNode, lower, shape_of
-from .elementwise import expression
+from .elementwise import operands, result
 
 aten = torch.ops.aten
 
@@ -74,12 +74,12 @@ def _group_norm(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> tuple[An
         vector: Value = p.materialize(v)
         return vector.with_layout(vector.meta().view(vector.shape[0], *trailing))
 
-    expr = p.lazy(y, shape)
+    tree = p.lazy(y, shape)
     if weight is not None:
-        expr = Expr("f32", "({0} * {1})", (expr, p.lazy(per_channel(weight), shape)))
+        tree = expr.apply("mul", tree, p.lazy(per_channel(weight), shape))
     if bias is not None:
-        expr = Expr("f32", "({0} + {1})", (expr, p.lazy(per_channel(bias), shape)))
-    return Lazy(expr, torch.float32, shape), mean, rstd
+        tree = expr.apply("add", tree, p.lazy(per_channel(bias), shape))
+    return Lazy(tree, torch.float32, shape), mean, rstd
 
 
 # momentum only updates the running statistics, which inference leaves alone
@@ -100,13 +100,14 @@ def _batch_norm(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> tuple[La
         v = p.materialize(v)
         return v.with_layout(v.meta().view(v.shape[0], *channel))
 
-    operands = [x, per_channel(mean), per_channel(var), eps]
-    template = "(({0} - {1}) * inverseSqrt({2} + {3}))"
+    xs, means, variances = operands(p, [x, per_channel(mean), per_channel(var)], shape, "f32")
+    inverse_std = expr.apply("rsqrt", expr.apply("add", variances, constant(eps, "f32")))
+    tree = expr.apply("mul", expr.apply("sub", xs, means), inverse_std)
     if weight is not None:
-        template = f"({template} * {{{len(operands)}}})"
-        operands.append(per_channel(weight))
+        (w,) = operands(p, [per_channel(weight)], shape, "f32")
+        tree = expr.apply("mul", tree, w)
     if bias is not None:
-        template = f"({template} + {{{len(operands)}}})"
-        operands.append(per_channel(bias))
-    y = expression(p, template, operands, out[0])
+        (b,) = operands(p, [per_channel(bias)], shape, "f32")
+        tree = expr.apply("add", tree, b)
+    y = result(tree, out[0])
     return y, p.new_value(shape_of(out[1]), torch.float32), p.new_value(shape_of(out[2]), torch.float32)

@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-from torchburn.planning import Family
+from torchburn.planning import Family, expr
 
 from ..kernels import Launch, grid, params, reduce_source
-from ..planner import Expr, Lazy, PlanError, Planner
+from ..planner import Lazy, PlanError, Planner
 from ..values import WGSL_TYPES, Value, numel
 from . import ANY, F32, FxNode, lower, shape_of
 
@@ -100,13 +100,9 @@ def _var(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
     correction = node.kwargs.get("correction", 1)
     correction = 1 if correction is None else float(correction)
     mean = reduce(p, "mean", x, dims, keep_shape, torch.float32)
-    square = Lazy(
-        Expr("f32", "(({0} - {1}) * ({0} - {1}))", (p.lazy(x, x.shape), p.lazy(mean, x.shape))), torch.float32, x.shape
-    )
+    centred = expr.apply("sub", expr.cast(p.lazy(x, x.shape), "f32"), p.lazy(mean, x.shape))
+    square = Lazy(expr.apply("square", centred), torch.float32, x.shape)
     total = reduce(p, "sum", p.materialize(square), dims, shape_of(out), torch.float32)
     divisor = max(n - correction, 0.0)
-    return Lazy(
-        Expr("f32", "({0} / {1})", (p.lazy(total, total.shape), p.lazy(divisor, total.shape))),
-        torch.float32,
-        total.shape,
-    )
+    quotient = expr.apply("div", p.lazy(total, total.shape), p.lazy(divisor, total.shape))
+    return Lazy(quotient, torch.float32, total.shape)

@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from torchburn.planning import ORDER_KEEPING, VIEW_OPS, Family, Layout, view_layouts
+from torchburn.planning import ORDER_KEEPING, VIEW_OPS, Family, Layout, expr, view_layouts
 
-from ..planner import Expr, Lazy, Planner, constant
+from ..planner import Lazy, Planner, constant
 from ..values import KINDS, Value
 from . import ALL, FxNode, lower, shape_of
 
@@ -34,20 +34,14 @@ def _reshaped(lazy: Lazy, node: FxNode, args: Sequence[Any]) -> Lazy | None:
         return node.target(t, *args[1:], **node.kwargs)  # type: ignore[no-any-return]
 
     shape = tuple(view(torch.empty(lazy.shape, dtype=lazy.dtype, device="meta")).shape)
-    done: dict[int, Expr] = {}
 
-    def walk(e: Expr) -> Expr:
-        if id(e) not in done:
-            if e.leaf is not None:
-                if e.leaf.shape != lazy.shape:
-                    raise RuntimeError("a load laid out over another shape")
-                done[id(e)] = Expr(e.kind, e.template, (), e.leaf.with_layout(view(e.leaf.meta())))
-            else:
-                done[id(e)] = Expr(e.kind, e.template, tuple(walk(a) for a in e.args))
-        return done[id(e)]
+    def restrided(leaf: Value) -> Value:
+        if leaf.shape != lazy.shape:
+            raise RuntimeError("a load laid out over another shape")
+        return leaf.with_layout(view(leaf.meta()))
 
     try:
-        return Lazy(walk(lazy.expr), lazy.dtype, shape)
+        return Lazy(expr.map_leaves(lazy.expr, restrided), lazy.dtype, shape)
     except RuntimeError:
         return None
 
@@ -89,9 +83,7 @@ def _converted(p: Planner, x: Value | Lazy, dtype: torch.dtype) -> Value | Lazy:
     """``x`` as ``dtype`` (``cat`` promotes its parts to a common dtype)."""
     if x.dtype == dtype:
         return x
-    from ..planner import cast
-
-    return Lazy(cast(p.lazy(x, x.shape), KINDS[dtype]), dtype, x.shape)
+    return Lazy(expr.cast(p.lazy(x, x.shape), KINDS[dtype]), dtype, x.shape)
 
 
 @lower(aten.constant_pad_nd.default, family=Family.VIEW, dtypes=ALL)
