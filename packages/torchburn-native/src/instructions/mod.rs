@@ -17,6 +17,7 @@ mod matmul;
 mod norm;
 mod pool;
 mod reduce;
+mod scan;
 mod softmax;
 
 pub use check::Check;
@@ -77,6 +78,8 @@ families! {
     Matmul(plan::Matmul),
     Reduce(plan::Reduce),
     Softmax(plan::Softmax),
+    Scan(plan::Scan),
+    Sort(plan::Sort),
     LayerNorm(plan::LayerNorm),
     RmsNorm(plan::RmsNorm),
     GroupNorm(plan::GroupNorm),

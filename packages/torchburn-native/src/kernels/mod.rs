@@ -19,6 +19,7 @@ pub mod prefetch;
 pub mod qprefill;
 pub mod quant;
 pub mod reduce;
+pub mod scan;
 pub mod softmax;
 #[cfg(target_arch = "x86_64")]
 pub mod softmax_x86;

@@ -15,6 +15,8 @@ pub enum Instr {
     Matmul(Matmul),
     Reduce(Reduce),
     Softmax(Softmax),
+    Scan(Scan),
+    Sort(Sort),
     LayerNorm(LayerNorm),
     RmsNorm(RmsNorm),
     GroupNorm(GroupNorm),
@@ -111,6 +113,44 @@ pub struct Softmax {
     pub n: usize,
     pub inner: usize,
     pub log: bool,
+}
+
+/// The running operation of a scan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScanOp {
+    Sum,
+    Prod,
+    Logsumexp,
+    Max,
+    Min,
+}
+
+/// A cumulative sum, product, log-sum-exp, max or min along the middle dim of a contiguous
+/// `[outer, n, inner]`; max and min also write the running arg into `indices`.
+#[derive(Deserialize, Clone, Debug)]
+pub struct Scan {
+    pub input: Operand,
+    pub out: Operand,
+    pub indices: Option<Operand>,
+    pub outer: usize,
+    pub n: usize,
+    pub inner: usize,
+    pub op: ScanOp,
+}
+
+/// A stable sort of each line along the middle dim of a contiguous `[outer, n, inner]`, keeping the
+/// first `k` (all `n` for a sort, fewer for top-k) as `values` and `indices` (`[outer, k, inner]`).
+#[derive(Deserialize, Clone, Debug)]
+pub struct Sort {
+    pub input: Operand,
+    pub values: Operand,
+    pub indices: Operand,
+    pub outer: usize,
+    pub n: usize,
+    pub inner: usize,
+    pub k: usize,
+    pub descending: bool,
 }
 
 /// Layer norm over the last `n` of `rows · n` values, with optional affine parameters and statistics.

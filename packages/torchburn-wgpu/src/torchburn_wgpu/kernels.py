@@ -218,6 +218,8 @@ REDUCTIONS = {
     "argmin": ("a", "0.0", "i32(position)", "i32"),
 }
 LOADS = {"f32": "v", "u32": "f32(v)", "i32": "f32(v)"}
+# any/all fold truth values: a load is 1 where it is nonzero (NaN included), else 0
+TRUTH = {"f32": "select(0.0, 1.0, v != 0.0)", "u32": "select(0.0, 1.0, v != 0u)", "i32": "select(0.0, 1.0, v != 0i)"}
 
 
 def reduce_source(kind: str, in_type: str, out_rank: int, red_rank: int) -> str:
@@ -227,7 +229,7 @@ def reduce_source(kind: str, in_type: str, out_rank: int, red_rank: int) -> str:
         "RED_RANK": str(red_rank),
         "IN_TYPE": in_type,
         "OUT_TYPE": out_type,
-        "LOAD": LOADS[in_type],
+        "LOAD": TRUTH[in_type] if kind in ("any", "all") else LOADS[in_type],
         "COMBINE": combine,
         "INIT": init,
         "FINISH": finish,

@@ -544,9 +544,25 @@ class CompiledRegion(PlannedRegion["Plan"]):
             outs = self.plan(args).run(args)
         fixed = []
         for t, stride in zip(outs, self.out_strides, strict=True):
-            if stride is not None and all(isinstance(s, int) for s in stride) and t.stride() != tuple(stride):
+            if (
+                stride is not None
+                and all(isinstance(s, int) for s in stride)
+                and t.stride() != tuple(stride)
+                and _own_memory_per_element(t.shape, stride)
+            ):
                 strided = torch.empty_strided(t.shape, stride, dtype=t.dtype)
                 strided.copy_(t)
                 t = strided
             fixed.append(t)
         return tuple(fixed)
+
+
+def _own_memory_per_element(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    """Whether ``stride`` gives every element its own memory location. An output that PyTorch made as a
+    view sharing locations (``expand``) cannot be written: it is handed back dense instead."""
+    extent = 1
+    for size, step in sorted((d for d in zip(shape, stride, strict=True) if d[0] > 1), key=lambda d: d[1]):
+        if step < extent:
+            return False
+        extent = step * size
+    return True

@@ -54,8 +54,9 @@ def element_bytes(dtype: torch.dtype) -> int:
 
 
 def padded(nbytes: int) -> int:
-    """Buffer sizes and copies go in whole 4-byte words."""
-    return max(-(-nbytes // WORD) * WORD, WORD)
+    """Buffer sizes and copies go in whole 4-byte words, and none is under 16 bytes: a kernel that
+    reads a buffer as ``array<vec4<...>>`` may not bind less than one vector."""
+    return max(-(-nbytes // WORD) * WORD, 4 * WORD)
 
 
 @dataclass(frozen=True)

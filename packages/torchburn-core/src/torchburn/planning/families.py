@@ -19,6 +19,7 @@ class Family(str, Enum):
     INDEX = "index"  # gather, scatter, index, embedding
     REDUCE = "reduce"  # sum, mean, amax, argmax, var
     SOFTMAX = "softmax"
+    SCAN = "scan"  # order-dependent passes along one dim: cumsum, cummax, logcumsumexp, sort, topk
     NORM = "norm"  # layer, group, batch and RMS norms
     MATMUL = "matmul"  # mm, bmm, addmm, baddbmm
     CONV = "conv"  # convolution

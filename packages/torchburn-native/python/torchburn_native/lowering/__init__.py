@@ -17,7 +17,7 @@ __all__ = ["OPS", "TABLE", "Family", "lower"]
 
 
 def _load_all() -> None:
-    from . import attention, conv, elementwise, index, matmul, norm, pool, reduce, softmax, views  # noqa: F401
+    from . import attention, conv, elementwise, index, matmul, norm, pool, reduce, scan, softmax, views  # noqa: F401
 
 
 _load_all()

@@ -503,8 +503,20 @@ def ones_like(p: Planner, node: Any, x: Any, **kwargs: Any) -> Lazy:
     return _full(p, None, 1)
 
 
-@lower(aten.zeros.default, aten.empty.memory_format, family=Family.CONSTANT, dtypes=ANY, check=_cpu_only)
+@lower(
+    aten.zeros.default,
+    aten.empty.memory_format,
+    family=Family.CONSTANT,
+    dtypes=ANY,
+    check=_cpu_only,
+)
 def zeros(p: Planner, node: Any, size: Any, **kwargs: Any) -> Lazy:
+    return _full(p, size, 0)
+
+
+# the physical layout only orders the (uninitialised) memory; the region hands its outputs back contiguous
+@lower(aten.empty_permuted.default, family=Family.CONSTANT, dtypes=ANY, check=_cpu_only, reads=("physical_layout",))
+def empty_permuted(p: Planner, node: Any, size: Any, physical_layout: Any, **kwargs: Any) -> Lazy:
     return _full(p, size, 0)
 
 
@@ -561,6 +573,15 @@ def arange(p: Planner, node: Any, *args: Any, **kwargs: Any) -> Value:
     idx = Lazy(expr.position(DOMAIN_TYPES[d]), torch.int64, (n,), d)
     val = binary_expr(p, "add", binary_expr(p, "mul", idx, step, meta.dtype), start, meta.dtype)
     return p.materialize(val)
+
+
+@lower(aten.round.decimals, family=Family.ELEMENTWISE, dtypes=FLOATS)
+def round_decimals(p: Planner, node: Any, x: Tensorish, *, decimals: int = 0) -> Lazy:
+    """PyTorch's rule: round(x·10^d)/10^d for d >= 0, round(x/10^-d)·10^-d below."""
+    out = _out_dtype(p)
+    scale = 10.0 ** abs(decimals)
+    up, down = ("mul", "div") if decimals >= 0 else ("div", "mul")
+    return binary_expr(p, down, unary_expr(p, "round", binary_expr(p, up, x, scale, out), out), scale, out)
 
 
 @lower(aten.lerp.Scalar, aten.lerp.Tensor, family=Family.ELEMENTWISE, dtypes=FLOATS)

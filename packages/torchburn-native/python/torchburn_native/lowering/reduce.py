@@ -153,3 +153,17 @@ def any_(p: Planner, node: Any, x: Tensorish, dims: Any = None, keepdim: bool = 
 @lower(aten.all.dim, aten.all.dims, aten.all.default, family=Family.REDUCE, dtypes=ANY)
 def all_(p: Planner, node: Any, x: Tensorish, dims: Any = None, keepdim: bool = False) -> Value:
     return reduce_values(p, x, dims, keepdim, "all", torch.bool)
+
+
+@lower(
+    aten.var_mean.correction, family=Family.REDUCE, dtypes={torch.float32, torch.float64, torch.float16, torch.bfloat16}
+)
+def var_mean(
+    p: Planner, node: Any, x: Tensorish, dims: Any = None, *, correction: float | None = None, keepdim: bool = False
+) -> tuple[Value, Value]:
+    var_meta, mean_meta = p.out_meta()
+    c = 1.0 if correction is None else float(correction)
+    n = _count(x, dims)
+    variance = reduce_values(p, x, dims, keepdim, "var", var_meta.dtype, correction=c)
+    average = reduce_values(p, x, dims, keepdim, "sum", mean_meta.dtype, scale=1.0 / n if n else float("nan"))
+    return variance, average

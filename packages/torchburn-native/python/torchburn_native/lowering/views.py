@@ -138,3 +138,16 @@ def repeat(p: Planner, node: Any, x: Tensorish, repeats: list[int]) -> Value:
         src = v.with_view(tuple(inter_shape), tuple(src_strides), v.offset)
         p.materialize(p.lazy(src, domain_of(out.dtype)), into=dest)
     return out
+
+
+@lower(aten.flip.default, family=Family.COPY, dtypes=ANY)
+def flip(p: Planner, node: Any, x: Tensorish, dims: list[int]) -> Value:
+    """A copy read backwards: each flipped dim walks its stride negated from its last element."""
+    v = p.value(x)
+    strides, offset = list(v.strides), v.offset
+    for d in {d % max(v.rank, 1) for d in dims} if v.rank else ():
+        if v.shape[d] > 1:
+            offset += (v.shape[d] - 1) * strides[d]
+            strides[d] = -strides[d]
+    backwards = v.with_view(v.shape, tuple(strides), offset)
+    return p.materialize(p.lazy(backwards, domain_of(v.dtype)), copy=True)

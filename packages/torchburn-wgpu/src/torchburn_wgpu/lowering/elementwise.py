@@ -139,6 +139,7 @@ FLOAT_BINARY = {
     aten.div.Scalar: "div",
     aten.pow.Tensor_Tensor: "pow",
     aten.pow.Tensor_Scalar: "pow",
+    aten.pow.Scalar: "pow",
 }
 
 
@@ -244,7 +245,7 @@ def _where(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
 @lower(
     [aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.hardtanh.default],
     family=Family.ELEMENTWISE,
-    dtypes=F32_HALF,
+    dtypes=F32_HALF | INTS,
 )
 def _clamp(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
     out = p.out_meta()
@@ -257,12 +258,47 @@ def _clamp(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
     else:
         lo = node.kwargs.get("min", args[1] if len(args) > 1 else None)
         hi = node.kwargs.get("max", args[2] if len(args) > 2 else None)
-    (tree,) = operands(p, args[:1], shape_of(out), "f32")
+    return _clamped(p, args[0], lo, hi, out)
+
+
+def _clamped(p: Planner, x: Any, lo: Any, hi: Any, out: Any) -> Lazy:
+    """max(x, lo) then min(·, hi), in the output's type (bounds may be scalars or tensors)."""
+    compute = KINDS[out.dtype]
+    shape = shape_of(out)
+    (tree,) = operands(p, [x], shape, compute)
     if lo is not None:
-        tree = expr.apply("maximum", tree, constant(float(lo), "f32"))
+        (bound,) = operands(p, [lo], shape, compute)
+        tree = expr.apply("maximum", tree, bound)
     if hi is not None:
-        tree = expr.apply("minimum", tree, constant(float(hi), "f32"))
+        (bound,) = operands(p, [hi], shape, compute)
+        tree = expr.apply("minimum", tree, bound)
     return result(tree, out)
+
+
+@lower(aten.clamp.Tensor, family=Family.ELEMENTWISE, dtypes=F32_HALF | INTS)
+def _clamp_tensor(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    lo = node.kwargs.get("min", args[1] if len(args) > 1 else None)
+    hi = node.kwargs.get("max", args[2] if len(args) > 2 else None)
+    return _clamped(p, args[0], lo, hi, p.out_meta())
+
+
+@lower(aten.isnan.default, family=Family.COMPARISON, dtypes=ALL)
+def _isnan(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    out = p.out_meta()
+    if kind_of(args[0]) in ("int", "bool"):  # integers are never NaN
+        return result(constant(False, "bool"), out)
+    return function(p, "is_nan", args[:1], out, compute=kind_of(args[0]))
+
+
+@lower(aten.round.decimals, family=Family.ELEMENTWISE, dtypes=F32)
+def _round_decimals(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    """PyTorch's rule: round(x·10^d)/10^d for d >= 0, round(x/10^-d)·10^-d below."""
+    out = p.out_meta()
+    decimals = int(node.kwargs.get("decimals", 0))
+    scale = constant(10.0 ** abs(decimals), "f32")
+    up, down = ("mul", "div") if decimals >= 0 else ("div", "mul")
+    (x,) = operands(p, args[:1], shape_of(out), "f32")
+    return result(expr.apply(down, expr.apply("round", expr.apply(up, x, scale)), scale), out)
 
 
 @lower(aten.leaky_relu.default, family=Family.ELEMENTWISE, dtypes=F32)
@@ -314,6 +350,31 @@ def _fill_value(node: FxNode, args: Sequence[Any]) -> Any:
 def _full(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
     out = p.out_meta()
     return result(constant(_fill_value(node, args), KINDS[out.dtype]), out)
+
+
+# the output's meta carries the shape, and the memory's order does not matter to a constant
+@lower(
+    [aten.zeros.default, aten.empty.memory_format, aten.ones.default],
+    family=Family.CONSTANT,
+    dtypes=ALL,
+    check=_stays_here,
+    reads=("size", "memory_format"),
+)
+def _filled(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    out = p.out_meta()
+    return result(constant(1 if node.target == aten.ones.default else 0, KINDS[out.dtype]), out)
+
+
+@lower(
+    aten.empty_permuted.default,
+    family=Family.CONSTANT,
+    dtypes=ALL,
+    check=_stays_here,
+    reads=("size", "physical_layout"),
+)
+def _empty_permuted(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    out = p.out_meta()
+    return result(constant(0, KINDS[out.dtype]), out)
 
 
 # ``end`` sets the output's length, which its meta carries

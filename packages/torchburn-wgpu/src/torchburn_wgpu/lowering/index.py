@@ -99,8 +99,15 @@ def _select_along(p: Planner, x: Value, dim: int, idx: Value, out: Any) -> Value
 def _index_select(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
     out = p.out_meta()
     x = p.materialize(args[0])
-    dim = args[1] % max(x.rank, 1)
-    return _select_along(p, x, dim, _index_value(p, args[2]), out)
+    idx = _index_value(p, args[2])
+    if x.rank == 0 or idx.rank == 0:  # a 0-d tensor or index is a 1-element dim here
+        x = x.with_layout(x.meta().reshape(x.shape or (1,)))
+        idx = idx.with_layout(idx.meta().reshape(idx.shape or (1,)))
+        dim = args[1] % x.rank
+        shape = (*x.shape[:dim], *idx.shape, *x.shape[dim + 1 :])
+        flat = _select_along(p, x, dim, idx, torch.empty(shape, dtype=x.dtype, device="meta"))
+        return flat.with_layout(flat.meta().reshape(shape_of(out)))
+    return _select_along(p, x, args[1] % x.rank, idx, out)
 
 
 def _integer_indices(spec: Any) -> bool | str:

@@ -49,7 +49,10 @@ def _reduce_check(spec: Any) -> bool | str:
 
 
 def _dims(node: FxNode, args: Sequence[Any], rank: int) -> set[int]:
-    """The reduced dims: a list, one int, or none given (all)."""
+    """The reduced dims: a list, one int, or none given (all). A 0-d tensor has none to reduce: its dim
+    0 (or -1) names the tensor itself."""
+    if rank == 0:
+        return set()
     arg = args[1] if len(args) > 1 and not isinstance(args[1], bool) else node.kwargs.get("dim")
     if arg is None or (isinstance(arg, (list, tuple)) and len(arg) == 0):
         return set(range(rank))
