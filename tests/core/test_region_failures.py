@@ -94,3 +94,21 @@ def test_bad_input_gives_eagers_own_error(failing_run: list[int]) -> None:
     with pytest.raises(IndexError, match="out of bounds"):
         fast(torch.tensor([0, 9]))
     assert engine_counts("reference")[1] == 0  # not counted as the engine's failure
+
+
+def test_a_graph_that_cannot_be_traced_to_aten_runs_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure while tracing to ATen (say, a decomposition PyTorch cannot trace) falls back for the
+    whole graph: eager values and a warning, or a FallbackError naming the failure in strict mode."""
+    import torchburn.backend
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("aot_autograd expected to have an entirely functional graph")
+
+    monkeypatch.setattr(torchburn.backend, "to_aten", broken)
+    x = torch.randn(4, 4)
+    with pytest.warns(UserWarning, match="tracing a graph to ATen failed .*AssertionError"):
+        got = _compile("warn")(x)
+    torch.testing.assert_close(got, model(x))
+    torch._dynamo.reset()
+    with pytest.raises(torchburn.FallbackError, match="tracing to ATen failed: AssertionError"):
+        _compile("error")(x)

@@ -29,6 +29,7 @@ from torch._functorch.aot_autograd import aot_module_simplified
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from .decompositions import for_missing_ops
 from .engines.base import Engine
 
 CompileGraph = Callable[[torch.fx.GraphModule, list[Any], str], Callable[..., Any]]
@@ -42,6 +43,7 @@ def _core_table() -> dict[Any, Callable[..., Any]]:
 def decomposition_table(engine: Engine) -> dict[Any, Callable[..., Any]]:
     keep = engine.keep_whole()
     table = {op: fn for op, fn in _core_table().items() if op not in keep}
+    table.update(for_missing_ops(engine.ops, keep))
     table.update(engine.extra_decompositions())
     return table
 

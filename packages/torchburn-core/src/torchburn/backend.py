@@ -6,15 +6,17 @@ without ``import torchburn``.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
+from ._fallback_error import FallbackError
 from .aten_graph import to_aten
 from .engines.discovery import resolve_engine
-from .errors import OptionsError
+from .errors import OptionsError, TorchBurnError
 from .options import parse_options
 from .partition import partition_and_compile, whole_graph_program
 
@@ -44,4 +46,20 @@ def torchburn_backend(
             compiled.real_recompile()
         return compiled.forward
 
-    return to_aten(gm, example_inputs, engine, compile_graph)
+    try:
+        return to_aten(gm, example_inputs, engine, compile_graph)
+    except TorchBurnError:
+        raise  # a strict fallback or a bad option: the user's to see, as raised
+    except Exception as error:
+        return _graph_runs_eagerly(gm, engine.name, opts.fallback, error)
+
+
+def _graph_runs_eagerly(gm: torch.fx.GraphModule, engine: str, fallback: str, error: Exception) -> Callable[..., Any]:
+    """Tracing to ATen failed (a decomposition PyTorch could not trace, say): the whole graph runs in
+    eager, with a warning, or under ``fallback="error"`` the failure is raised as a FallbackError."""
+    failure = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    if fallback == "error":
+        raise FallbackError(engine, {"graph": f"tracing to ATen failed: {failure}"}, failure=failure) from error
+    if fallback != "silent":
+        warnings.warn(f"torchburn: tracing a graph to ATen failed ({failure}); it runs in PyTorch eager", stacklevel=2)
+    return gm.forward

@@ -1,7 +1,7 @@
 //! `IndexSelect`, `Gather`, `Index`, `Scatter` and `IndexPut`: reads and writes at positions an
 //! index tensor holds, bounds-checked as they run (`kernels/index.rs`).
 
-use super::check::require_contiguous;
+use super::check::{require_contiguous, FLOATS};
 use super::{Check, Frame, Instruction};
 use crate::kernels::elementwise::View;
 use crate::kernels::index;
@@ -142,6 +142,9 @@ impl Instruction for plan::Scatter {
         if src.dtype != out.dtype || *dim >= out.shape.len() || src.shape != index.shape {
             return Err("scatter: operands disagree".into());
         }
+        if self.reduce.is_some() {
+            require_contiguous(out, "scatter_reduce", FLOATS)?;
+        }
         Ok(())
     }
 
@@ -152,7 +155,21 @@ impl Instruction for plan::Scatter {
             src,
             dim,
             accumulate,
+            reduce,
+            include_self,
         } = self;
+        if let Some(op) = reduce {
+            return index::scatter_reduce(
+                &f.view(out),
+                &out.shape,
+                &f.view(index),
+                &f.view(src),
+                &index.shape,
+                *dim,
+                *op,
+                *include_self,
+            );
+        }
         index::scatter(
             &f.view(out),
             &out.shape,

@@ -234,6 +234,83 @@ pub unsafe fn scatter(
     Ok(())
 }
 
+/// How `scatter_reduce` combines the values landing on one element.
+pub use crate::plan::ScatterReduce;
+
+/// `scatter_reduce` in place on `out` (contiguous f32 or f64, holding `self`): every `src` element
+/// lands where `scatter` would put it and is combined there by `op`. Without `include_self`, an
+/// element some value lands on starts from the first of them instead of its own value; `mean`
+/// divides by how many values landed (plus one with `include_self`). NaN propagates through
+/// `amax`/`amin`, as in PyTorch.
+///
+/// # Safety
+/// Views valid for their shapes; `out` contiguous and of `out_numel` f32 or f64 elements; `src` of
+/// `out`'s dtype.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn scatter_reduce(
+    out: &View,
+    out_shape: &[usize],
+    index: &View,
+    src: &View,
+    shape: &[usize],
+    dim: usize,
+    op: ScatterReduce,
+    include_self: bool,
+) -> Result<(), String> {
+    let n_out: usize = out_shape.iter().product();
+    let read = |p: *const u8, at: isize| -> f64 {
+        match out.dtype {
+            DType::F64 => *(p as *const f64).offset(at),
+            _ => *(p as *const f32).offset(at) as f64,
+        }
+    };
+    let mut acc: Vec<f64> = (0..n_out as isize).map(|i| read(out.ptr, i)).collect();
+    let mut count = vec![u32::from(include_self); n_out];
+    let mut touched = vec![false; n_out];
+    let total: usize = shape.iter().product();
+    let mut idx = vec![0usize; shape.len()];
+    for lin in 0..total {
+        unravel(lin, shape, &mut idx);
+        let j = wrap(
+            index_at(index, dot(&idx, &index.strides)),
+            out_shape[dim],
+            "scatter_reduce",
+        )?;
+        let mut dst = dot(&idx, &out.strides);
+        dst += (j - idx[dim] as isize) * out.strides[dim];
+        let dst = dst as usize;
+        let v = read(src.ptr, dot(&idx, &src.strides));
+        let first = !include_self && !touched[dst];
+        touched[dst] = true;
+        count[dst] += 1;
+        let a = &mut acc[dst];
+        *a = if first {
+            v
+        } else {
+            match op {
+                ScatterReduce::Sum | ScatterReduce::Mean => *a + v,
+                ScatterReduce::Prod => *a * v,
+                ScatterReduce::Amax if a.is_nan() || v.is_nan() => f64::NAN,
+                ScatterReduce::Amin if a.is_nan() || v.is_nan() => f64::NAN,
+                ScatterReduce::Amax => a.max(v),
+                ScatterReduce::Amin => a.min(v),
+            }
+        };
+    }
+    for (i, a) in acc.iter().enumerate() {
+        let value = if op == ScatterReduce::Mean && count[i] > 0 {
+            a / count[i] as f64
+        } else {
+            *a
+        };
+        match out.dtype {
+            DType::F64 => *(out.ptr as *mut f64).add(i) = value,
+            _ => *(out.ptr as *mut f32).add(i) = value as f32,
+        }
+    }
+    Ok(())
+}
+
 /// index_put in place on `out`: `out[idx0, ..., idx(k-1), rest...] (+)= values` where the index tensors
 /// (broadcast to `bshape`) address the leading k dims and `values` is broadcast to `bshape ++ rest`.
 ///

@@ -318,6 +318,22 @@ pub struct Scatter {
     pub src: Operand,
     pub dim: usize,
     pub accumulate: bool,
+    /// `scatter_reduce`: how values landing on one element combine (then `accumulate` is unused)
+    #[serde(default)]
+    pub reduce: Option<ScatterReduce>,
+    #[serde(default)]
+    pub include_self: bool,
+}
+
+/// How `scatter_reduce` combines the values that land on one element.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScatterReduce {
+    Sum,
+    Prod,
+    Mean,
+    Amax,
+    Amin,
 }
 
 /// In place on `out`: `out[idx0, idx1, ...] = / += values` (index_put); indices broadcast already.

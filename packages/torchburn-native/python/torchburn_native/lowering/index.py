@@ -8,7 +8,7 @@ import torch
 
 from torchburn.planning import Family
 
-from ..planner import Planner, broadcast_shapes, broadcast_strides
+from ..planner import PlanError, Planner, broadcast_shapes, broadcast_strides
 from ..values import SUPPORTED_DTYPES, Tensorish, Value, domain_of
 from . import lower
 from .views import view_by
@@ -133,7 +133,16 @@ def index(p: Planner, node: Any, x: Tensorish, indices: list[Tensorish | None]) 
     return out
 
 
-def _scatter(p: Planner, x: Tensorish, dim: int, idx: Tensorish, src: Any, accumulate: bool) -> Value:
+def _scatter(
+    p: Planner,
+    x: Tensorish,
+    dim: int,
+    idx: Tensorish,
+    src: Any,
+    accumulate: bool,
+    reduce: str | None = None,
+    include_self: bool = True,
+) -> Value:
     out = _copy_of(p, x)
     iv = p.value(idx)
     if isinstance(src, (int, float, bool)):
@@ -151,6 +160,8 @@ def _scatter(p: Planner, x: Tensorish, dim: int, idx: Tensorish, src: Any, accum
             "src": sv.operand(),
             "dim": dim % out.rank,
             "accumulate": accumulate,
+            "reduce": reduce,
+            "include_self": include_self,
         },
         [out, iv, sv],
         [out],
@@ -161,6 +172,50 @@ def _scatter(p: Planner, x: Tensorish, dim: int, idx: Tensorish, src: Any, accum
 @lower(aten.scatter.src, aten.scatter.value, family=Family.INDEX)
 def scatter(p: Planner, node: Any, x: Tensorish, dim: int, idx: Tensorish, src: Any) -> Value:
     return _scatter(p, x, dim, idx, src, False)
+
+
+def _reduces_floats(spec: Any) -> bool | str:
+    x = spec.tensor_inputs[0]
+    return True if x.dtype in (torch.float32, torch.float64) else f"scatter/index reduce of {x.dtype}"
+
+
+@lower(aten.scatter_reduce.two, family=Family.INDEX, check=_reduces_floats)
+def scatter_reduce(
+    p: Planner,
+    node: Any,
+    x: Tensorish,
+    dim: int,
+    idx: Tensorish,
+    src: Tensorish,
+    reduce: str,
+    *,
+    include_self: bool = True,
+) -> Value:
+    return _scatter(p, x, dim, idx, src, False, reduce, include_self)
+
+
+@lower(aten.index_reduce.default, family=Family.INDEX, check=_reduces_floats)
+def index_reduce(
+    p: Planner,
+    node: Any,
+    x: Tensorish,
+    dim: int,
+    index: Tensorish,
+    source: Tensorish,
+    reduce: str,
+    *,
+    include_self: bool = True,
+) -> Value:
+    """A scatter_reduce whose index is ``index[i]`` at every element of ``source`` at position i of ``dim``
+    (the 1-D index seen through zero strides)."""
+    sv, iv = p.value(source), p.value(index)
+    if sv.rank == 0:
+        raise PlanError("index_reduce of a 0-d tensor")
+    d = dim % sv.rank
+    strides = [0] * sv.rank
+    strides[d] = iv.strides[0] if iv.rank else 0
+    spread = iv.with_view(sv.shape, tuple(strides), iv.offset)
+    return _scatter(p, x, d, spread, sv, False, reduce, include_self)
 
 
 @lower(aten.scatter_add.default, family=Family.INDEX)
