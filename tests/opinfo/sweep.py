@@ -21,6 +21,7 @@ import json
 import sys
 import time
 import warnings
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -175,6 +176,7 @@ def sweep(engine: str, samples_per_op: int = 2, names: set[str] | None = None, p
         name = _op_name(op)
         if progress:
             print(f"[{k + 1}/{len(ops)}] {name}", file=sys.stderr, flush=True)
+        torch.manual_seed(zlib.crc32(name.encode()))  # the same sample values on every run
         try:
             samples = list(op.sample_inputs("cpu", torch.float32, requires_grad=False))[:samples_per_op]
         except Exception as e:

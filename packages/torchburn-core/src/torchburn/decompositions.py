@@ -8,7 +8,8 @@ primitive an engine implements (a reduction, a gather, a view) covers many ops; 
 after that falls back as before, node by node.
 
 Only decompositions that produce ATen ops are listed: those that lower to ``prims`` (``lgamma``,
-``flip``, ``var_mean``...) would leave the engine nothing it knows.
+``flip``, ``var_mean``...) would leave the engine nothing it knows, and ``bucketize``'s reads tensor
+values while it is traced, which a graph of fake tensors cannot give.
 """
 
 from __future__ import annotations
@@ -47,8 +48,7 @@ WHEN_MISSING: tuple[Any, ...] = (
     aten._adaptive_avg_pool2d.default,
     aten.upsample_bicubic2d.default,
     aten.upsample_trilinear3d.default,
-    # searches and bit-level math -> comparisons and arithmetic
-    aten.bucketize.Tensor,
+    # bit-level math -> arithmetic
     aten.ldexp.Tensor,
 )
 
