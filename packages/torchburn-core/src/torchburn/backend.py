@@ -50,8 +50,19 @@ def torchburn_backend(
         return to_aten(gm, example_inputs, engine, compile_graph)
     except TorchBurnError:
         raise  # a strict fallback or a bad option: the user's to see, as raised
+    except _DYNAMO_HANDLES:
+        raise  # Dynamo turns these into a graph break or an eager frame itself
     except Exception as error:
         return _graph_runs_eagerly(gm, engine.name, opts.fallback, error)
+
+
+# data-dependent values met while tracing, and Dynamo's own signals: Dynamo handles them
+_DYNAMO_HANDLES: tuple[type[BaseException], ...] = (
+    torch._dynamo.exc.TorchDynamoException,
+    torch._subclasses.fake_tensor.DataDependentOutputException,
+    torch._subclasses.fake_tensor.DynamicOutputShapeException,
+    torch.fx.experimental.symbolic_shapes.GuardOnDataDependentSymNode,
+)
 
 
 def _graph_runs_eagerly(gm: torch.fx.GraphModule, engine: str, fallback: str, error: Exception) -> Callable[..., Any]:
