@@ -34,6 +34,20 @@ TEMPLATES: dict[str, str | dict[ComputeType, str]] = {
     "sin": {"f32": "sin({0})"},
     "cos": {"f32": "cos({0})"},
     "tanh": {"f32": "tb_tanh({0})"},
+    "tan": {"f32": "tan({0})"},
+    # through atan2: some drivers' asin/acos are off by 1e-4 (1 - x² as (1 - x)(1 + x) keeps its digits)
+    "asin": {"f32": "atan2({0}, sqrt((1.0 - {0}) * (1.0 + {0})))"},
+    "acos": {"f32": "atan2(sqrt((1.0 - {0}) * (1.0 + {0})), {0})"},
+    "atan": {"f32": "atan({0})"},
+    "sinh": {"f32": "sinh({0})"},
+    "cosh": {"f32": "cosh({0})"},
+    # asinh through |x|: x + sqrt(x² + 1) cancels for large negative x
+    "asinh": {"f32": "(sign({0}) * log(abs({0}) + sqrt({0} * {0} + 1.0)))"},
+    "acosh": {"f32": "log({0} + sqrt({0} * {0} - 1.0))"},
+    "atanh": {"f32": "(0.5 * log((1.0 + {0}) / (1.0 - {0})))"},
+    "exp2": {"f32": "exp2({0})"},
+    "log2": {"f32": "log2({0})"},
+    "log10": {"f32": "(log2({0}) * 0.30102999566398120)"},
     "sigmoid": {"f32": "tb_sigmoid({0})"},
     "erf": {"f32": "tb_erf({0})"},
     "silu": {"f32": "({0} * tb_sigmoid({0}))"},
@@ -56,6 +70,7 @@ TEMPLATES: dict[str, str | dict[ComputeType, str]] = {
     "mul": "({0} * {1})",
     "div": {"f32": "({0} / {1})"},
     "pow": {"f32": "tb_pow({0}, {1})"},
+    "atan2": {"f32": "atan2({0}, {1})"},
     "maximum": {"f32": "tb_max({0}, {1})", "f64": "tb_max64({0}, {1})", "int": "max({0}, {1})"},
     "minimum": {"f32": "tb_min({0}, {1})", "f64": "tb_min64({0}, {1})", "int": "min({0}, {1})"},
     # integers: WGSL's `/` truncates; floor division steps down when the signs differ and it is inexact

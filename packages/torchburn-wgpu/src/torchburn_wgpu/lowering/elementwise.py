@@ -59,6 +59,18 @@ UNARY_FLOAT = {
     aten.sin.default: "sin",
     aten.cos.default: "cos",
     aten.tanh.default: "tanh",
+    aten.tan.default: "tan",
+    aten.asin.default: "asin",
+    aten.acos.default: "acos",
+    aten.atan.default: "atan",
+    aten.sinh.default: "sinh",
+    aten.cosh.default: "cosh",
+    aten.asinh.default: "asinh",
+    aten.acosh.default: "acosh",
+    aten.atanh.default: "atanh",
+    aten.exp2.default: "exp2",
+    aten.log2.default: "log2",
+    aten.log10.default: "log10",
     aten.sigmoid.default: "sigmoid",
     aten.erf.default: "erf",
     aten.silu.default: "silu",
@@ -140,6 +152,7 @@ FLOAT_BINARY = {
     aten.pow.Tensor_Tensor: "pow",
     aten.pow.Tensor_Scalar: "pow",
     aten.pow.Scalar: "pow",
+    aten.atan2.default: "atan2",
 }
 
 
