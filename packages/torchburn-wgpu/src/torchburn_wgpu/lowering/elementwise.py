@@ -367,27 +367,15 @@ def _full(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
 
 # the output's meta carries the shape, and the memory's order does not matter to a constant
 @lower(
-    [aten.zeros.default, aten.empty.memory_format, aten.ones.default],
+    [aten.zeros.default, aten.empty.memory_format, aten.empty_permuted.default, aten.ones.default],
     family=Family.CONSTANT,
     dtypes=ALL,
     check=_stays_here,
-    reads=("size", "memory_format"),
+    reads=("size", "memory_format", "physical_layout"),
 )
 def _filled(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
     out = p.out_meta()
     return result(constant(1 if node.target == aten.ones.default else 0, KINDS[out.dtype]), out)
-
-
-@lower(
-    aten.empty_permuted.default,
-    family=Family.CONSTANT,
-    dtypes=ALL,
-    check=_stays_here,
-    reads=("size", "physical_layout"),
-)
-def _empty_permuted(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
-    out = p.out_meta()
-    return result(constant(0, KINDS[out.dtype]), out)
 
 
 # ``end`` sets the output's length, which its meta carries
