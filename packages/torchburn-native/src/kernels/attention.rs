@@ -41,11 +41,11 @@
 //! NaN in `q`/`k`/`v` or the mask propagates to the affected output rows.
 //!
 //! Hot loops are plain `for` loops: a closure handed to an iterator adaptor that does not get
-//! inlined is compiled without the multiversioned caller's target features (no FMA, no AVX).
+//! inlined is compiled without the `#[isa_versions]` caller's target features (no FMA, no AVX).
 
 use crate::kernels::gemm;
 use crate::threads::{self, SendPtr};
-use multiversion::multiversion;
+use torchburn_native_macros::isa_versions;
 
 /// Micro-kernel width in f32 columns (two AVX2 registers, one AVX-512 register).
 const NR: usize = 16;
@@ -392,7 +392,7 @@ unsafe fn gemm_panels(
 fn wide_tiles() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        is_x86_feature_detected!("avx512f")
+        crate::isa::avx512()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -498,11 +498,7 @@ fn mask_keyrow(row: &mut [f32], ctx: &Ctx<'_>, bi: usize, hi: usize, q0: usize, 
 
 /// Attention for queries `q0 .. q0 + qn` of head `bh` (flattened batch·head) into their output rows
 /// and `lse` (`qn`).
-#[multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-    "x86_64+avx2+fma",
-    "aarch64+neon"
-))]
+#[isa_versions]
 fn attend_block(
     ctx: &Ctx<'_>,
     bh: usize,

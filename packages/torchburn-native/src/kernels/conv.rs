@@ -27,7 +27,7 @@ use std::cell::RefCell;
 use std::fmt::Debug;
 use std::ops::{Add, AddAssign, Div, Mul, Sub};
 
-use multiversion::multiversion;
+use torchburn_native_macros::isa_versions;
 
 use crate::kernels::gemm::{gemm, GemmScalar, Mat, MatMut};
 
@@ -900,11 +900,7 @@ pub(crate) fn deinterleave2<T: Copy>(src: &[T], even: &mut [T], odd: &mut [T]) {
 }
 
 /// Output planes `first..` of a depthwise convolution into `out` (whole planes).
-#[multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-    "x86_64+avx2+fma",
-    "aarch64+neon"
-))]
+#[isa_versions]
 #[allow(clippy::too_many_arguments)]
 fn dw_planes<T: ConvScalar>(
     g: &Geom,

@@ -6,8 +6,8 @@
 //! The chunk interpreter is compiled once per ISA (AVX-512, AVX2+FMA, NEON, baseline) and picked at run time.
 
 use crate::threads;
-use multiversion::multiversion;
 use std::cell::RefCell;
+use torchburn_native_macros::isa_versions;
 
 use super::math;
 use super::prefetch;
@@ -1008,11 +1008,10 @@ unsafe fn run_chunk<T: Arith>(
 
 type ChunkFn<T> = unsafe fn(&[usize], &[View], &[View], &[Step], &mut Regs<T>, usize, usize);
 
-/// The chunk interpreter compiled per ISA, one function per compute type. (The i64 one needs no FMA,
-/// so its targets are the same without it.)
+/// The chunk interpreter compiled per ISA, one function per compute type.
 macro_rules! chunk_fn {
-    ($name:ident, $t:ty, $($target:literal),+) => {
-        #[multiversion(targets($($target),+))]
+    ($name:ident, $t:ty) => {
+        #[isa_versions]
         unsafe fn $name(
             s: &[usize],
             i: &[View],
@@ -1027,27 +1026,9 @@ macro_rules! chunk_fn {
     };
 }
 
-chunk_fn!(
-    chunk_f32,
-    f32,
-    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-    "x86_64+avx2+fma",
-    "aarch64+neon"
-);
-chunk_fn!(
-    chunk_f64,
-    f64,
-    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-    "x86_64+avx2+fma",
-    "aarch64+neon"
-);
-chunk_fn!(
-    chunk_i64,
-    i64,
-    "x86_64+avx512f+avx512bw+avx512dq+avx512vl",
-    "x86_64+avx2",
-    "aarch64+neon"
-);
+chunk_fn!(chunk_f32, f32);
+chunk_fn!(chunk_f64, f64);
+chunk_fn!(chunk_i64, i64);
 
 /// # Safety
 /// As `run_chunk`.
@@ -1186,20 +1167,12 @@ fn add_activate_inplace<T: Arith>(
 /// type.
 macro_rules! activate_fns {
     ($activate:ident, $add_activate:ident, $t:ty) => {
-        #[multiversion(targets(
-            "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-            "x86_64+avx2+fma",
-            "aarch64+neon"
-        ))]
+        #[isa_versions]
         fn $activate(f: UnaryFn, data: &mut [$t]) {
             unary_inplace(f, data)
         }
 
-        #[multiversion(targets(
-            "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-            "x86_64+avx2+fma",
-            "aarch64+neon"
-        ))]
+        #[isa_versions]
         fn $add_activate(
             f: Option<UnaryFn>,
             beta: $t,

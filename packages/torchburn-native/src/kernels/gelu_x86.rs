@@ -64,7 +64,7 @@ const fn fold<const N: usize>(c: [f64; N], scale: f64) -> [f32; N] {
 /// infinities take two instructions each, and the gain was not measured on such a machine.
 pub fn gelu_f32(a: &[f32], out: &mut [f32]) -> bool {
     debug_assert_eq!(a.len(), out.len());
-    if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq") {
+    if crate::isa::avx512() {
         // SAFETY: the CPU has AVX-512F and DQ; the function reads and writes only within the slices
         unsafe { gelu_avx512(a, out) };
         true

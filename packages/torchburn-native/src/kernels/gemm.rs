@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use gemm::Parallelism;
 
+use crate::isa;
+
 /// Below this many multiply-adds a GEMM runs on the calling thread: waking the pool costs more.
 const PARALLEL_MIN_FLOPS: usize = 96 * 96 * 96;
 /// From this many multiply-adds a plain product (no fused hooks) runs on MKL's own threading, which
@@ -65,6 +67,24 @@ pub trait GemmScalar:
     /// # Safety
     /// As [`gemm_hooked`]; `packed` must hold B packed for exactly these sizes.
     #[allow(clippy::too_many_arguments)]
+    /// The `gemm` crate's product with the micro-kernels of `level`, below the CPU's best: see
+    /// `crate_gemm`. C is column-major-ish (`|cs| >= |rs|`).
+    ///
+    /// # Safety
+    /// As [`gemm`]; the CPU supports `level`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn crate_gemm_capped(
+        level: isa::Level,
+        m: usize,
+        n: usize,
+        k: usize,
+        c: MatMut<Self>,
+        accumulate: bool,
+        a: Mat<Self>,
+        b: Mat<Self>,
+        alpha: Self,
+    );
+
     unsafe fn gemm_packed_b(
         _m: usize,
         _n: usize,
@@ -79,6 +99,104 @@ pub trait GemmScalar:
     }
 }
 
+/// The crate's generic driver over one micro-kernel family: `$simd` is the crate's ISA token, `$n`
+/// its lanes for this type, `$kernels` the family's module (e.g. `gemm_f32::microkernel::fma::f32`).
+macro_rules! crate_driver {
+    ($t:ty, $simd:ty, $n:expr, $kernels:path, $m:ident, $n_:ident, $k:ident, $c:ident, $accumulate:ident, $a:ident, $b:ident, $alpha:ident) => {{
+        use $kernels as family;
+        let simd = <$simd as gemm_common::simd::MixedSimd<$t, $t, $t, $t>>::try_new()
+            .expect("the ISA level is only reported when the CPU supports it");
+        gemm_common::gemm::gemm_basic_generic::<
+            $simd,
+            $t,
+            { $n },
+            { family::MR_DIV_N * $n },
+            { family::NR },
+            { family::MR_DIV_N },
+            { family::H_M },
+            { family::H_N },
+        >(
+            simd,
+            $m,
+            $n_,
+            $k,
+            $c.ptr,
+            $c.cs,
+            $c.rs,
+            $accumulate,
+            $a.ptr,
+            $a.cs,
+            $a.rs,
+            $b.ptr,
+            $b.cs,
+            $b.rs,
+            1.0,
+            $alpha,
+            false,
+            false,
+            false,
+            |x, y, z| x * y + z,
+            &family::UKR,
+            &family::H_UKR,
+            false,
+            Parallelism::None,
+        )
+    }};
+}
+
+/// Implements [`GemmScalar::crate_gemm_capped`] for one float type from its crate's micro-kernel
+/// families.
+macro_rules! crate_gemm_capped {
+    ($t:ty, $fma:path, $scalar:path, $fma_lanes:expr) => {
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn crate_gemm_capped(
+            level: isa::Level,
+            m: usize,
+            n: usize,
+            k: usize,
+            c: MatMut<Self>,
+            accumulate: bool,
+            a: Mat<Self>,
+            b: Mat<Self>,
+            alpha: Self,
+        ) {
+            #[cfg(target_arch = "x86_64")]
+            if level >= isa::Level::Avx2 {
+                crate_driver!(
+                    $t,
+                    gemm_common::simd::V3,
+                    $fma_lanes,
+                    $fma,
+                    m,
+                    n,
+                    k,
+                    c,
+                    accumulate,
+                    a,
+                    b,
+                    alpha
+                );
+                return;
+            }
+            let _ = level;
+            crate_driver!(
+                $t,
+                gemm_common::simd::Scalar,
+                1,
+                $scalar,
+                m,
+                n,
+                k,
+                c,
+                accumulate,
+                a,
+                b,
+                alpha
+            );
+        }
+    };
+}
+
 /// Addresses of the host BLAS's `sgemm_`, `dgemm_` and `MKL_Set_Num_Threads_Local` (0: none).
 static HOST_SGEMM: AtomicUsize = AtomicUsize::new(0);
 static HOST_DGEMM: AtomicUsize = AtomicUsize::new(0);
@@ -90,6 +208,13 @@ impl GemmScalar for f32 {
     fn host_gemm() -> &'static AtomicUsize {
         &HOST_SGEMM
     }
+
+    crate_gemm_capped!(
+        f32,
+        gemm_f32::microkernel::fma::f32,
+        gemm_f32::microkernel::scalar::f32,
+        8
+    );
 
     unsafe fn gemm_packed_b(
         m: usize,
@@ -111,6 +236,13 @@ impl GemmScalar for f64 {
     fn host_gemm() -> &'static AtomicUsize {
         &HOST_DGEMM
     }
+
+    crate_gemm_capped!(
+        f64,
+        gemm_f64::microkernel::fma::f64,
+        gemm_f64::microkernel::scalar::f64,
+        4
+    );
 }
 
 /// The Fortran BLAS `?gemm_` (LP64): `transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc`,
@@ -489,27 +621,77 @@ unsafe fn gemm_serial<T: GemmScalar>(
         return;
     }
     // gemm's convention: dst = alpha·dst + beta·lhs·rhs
-    gemm::gemm(
-        m,
-        n,
-        k,
-        c.ptr,
-        c.cs,
-        c.rs,
-        accumulate,
-        a.ptr,
-        a.cs,
-        a.rs,
-        b.ptr,
-        b.cs,
-        b.rs,
-        T::ONE,
-        alpha,
-        false,
-        false,
-        false,
-        Parallelism::None,
-    );
+    crate_gemm(m, n, k, c, accumulate, a, b, alpha);
+}
+
+/// `C = (accumulate ? C : 0) + alpha·A·B` on the `gemm` crate, one thread, with its micro-kernels
+/// for the running [`isa::level`].
+///
+/// The crate picks its micro-kernels by CPU detection, which is the running level unless
+/// `TORCHBURN_ISA` caps it; then the product goes through the crate's generic driver with the
+/// capped level's micro-kernels (and the crate's own layout rule: they want a column-major C, so a
+/// row-major one is computed as `Cᵀ = Bᵀ·Aᵀ`).
+///
+/// # Safety
+/// As [`gemm`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn crate_gemm<T: GemmScalar>(
+    m: usize,
+    n: usize,
+    k: usize,
+    c: MatMut<T>,
+    accumulate: bool,
+    a: Mat<T>,
+    b: Mat<T>,
+    alpha: T,
+) {
+    if !isa::capped() {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.ptr,
+            c.cs,
+            c.rs,
+            accumulate,
+            a.ptr,
+            a.cs,
+            a.rs,
+            b.ptr,
+            b.cs,
+            b.rs,
+            T::ONE,
+            alpha,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        );
+        return;
+    }
+    let (m, n, c, a, b) = if c.cs.abs() < c.rs.abs() {
+        let ct = MatMut {
+            ptr: c.ptr,
+            rs: c.cs,
+            cs: c.rs,
+        };
+        let (at, bt) = (
+            Mat {
+                ptr: b.ptr,
+                rs: b.cs,
+                cs: b.rs,
+            },
+            Mat {
+                ptr: a.ptr,
+                rs: a.cs,
+                cs: a.rs,
+            },
+        );
+        (n, m, ct, at, bt)
+    } else {
+        (m, n, c, a, b)
+    };
+    T::crate_gemm_capped(isa::level(), m, n, k, c, accumulate, a, b, alpha);
 }
 
 /// Contiguous row-major convenience wrapper: `C[m×n] (+)= A[m×k] · B[k×n]`.
@@ -594,6 +776,104 @@ mod tests {
                     (*got as f64 - want).abs() < 1e-4 * (1.0 + want.abs()),
                     "{m}x{n}x{k}"
                 );
+            }
+        }
+    }
+
+    /// Each level's micro-kernels, as `TORCHBURN_ISA` would pick them, against the naive product:
+    /// f32 and f64, accumulating or not, a scaled product, and row- and column-major operands.
+    #[test]
+    fn every_supported_level_matches_naive() {
+        for level in isa::supported() {
+            for &(m, n, k) in &[
+                (1, 1, 1),
+                (7, 13, 5),
+                (33, 70, 19),
+                (100, 100, 100),
+                (3, 4, 0),
+            ] {
+                let a: Vec<f64> = (0..m * k)
+                    .map(|i| ((i * 7 % 11) as f64 - 5.0) / 3.0)
+                    .collect();
+                let b: Vec<f64> = (0..k * n)
+                    .map(|i| ((i * 5 % 13) as f64 - 6.0) / 4.0)
+                    .collect();
+                let want = naive(m, n, k, &a, &b);
+                for accumulate in [false, true] {
+                    // C column-major (the drivers' layout), starting at 1.0
+                    let mut c64 = vec![1.0f64; m * n];
+                    let mut c32 = vec![1.0f32; m * n];
+                    let (a32, b32): (Vec<f32>, Vec<f32>) = (
+                        a.iter().map(|&x| x as f32).collect(),
+                        b.iter().map(|&x| x as f32).collect(),
+                    );
+                    let (mi, ki) = (m as isize, k as isize);
+                    let ni = n as isize;
+                    // SAFETY: A is m×k and B k×n row-major, C m×n column-major, all in bounds
+                    unsafe {
+                        f64::crate_gemm_capped(
+                            level,
+                            m,
+                            n,
+                            k,
+                            MatMut {
+                                ptr: c64.as_mut_ptr(),
+                                rs: 1,
+                                cs: mi,
+                            },
+                            accumulate,
+                            Mat {
+                                ptr: a.as_ptr(),
+                                rs: ki,
+                                cs: 1,
+                            },
+                            Mat {
+                                ptr: b.as_ptr(),
+                                rs: ni,
+                                cs: 1,
+                            },
+                            2.0,
+                        );
+                        f32::crate_gemm_capped(
+                            level,
+                            m,
+                            n,
+                            k,
+                            MatMut {
+                                ptr: c32.as_mut_ptr(),
+                                rs: 1,
+                                cs: mi,
+                            },
+                            accumulate,
+                            Mat {
+                                ptr: a32.as_ptr(),
+                                rs: ki,
+                                cs: 1,
+                            },
+                            Mat {
+                                ptr: b32.as_ptr(),
+                                rs: ni,
+                                cs: 1,
+                            },
+                            2.0,
+                        );
+                    }
+                    for i in 0..m {
+                        for j in 0..n {
+                            let expect = 2.0 * want[i * n + j] + if accumulate { 1.0 } else { 0.0 };
+                            let (g64, g32) = (c64[j * m + i], c32[j * m + i] as f64);
+                            let what = format!("{level:?} {m}x{n}x{k} accumulate={accumulate}");
+                            assert!(
+                                (g64 - expect).abs() < 1e-9 * (1.0 + expect.abs()),
+                                "f64 {what}"
+                            );
+                            assert!(
+                                (g32 - expect).abs() < 1e-4 * (1.0 + expect.abs()),
+                                "f32 {what}"
+                            );
+                        }
+                    }
+                }
             }
         }
     }

@@ -20,7 +20,7 @@ use crate::kernels::lanes;
 use crate::threads;
 use std::ops::{Add, Mul, Sub};
 
-use multiversion::multiversion;
+use torchburn_native_macros::isa_versions;
 
 /// Independent accumulators per sum (four AVX2 registers of f32): hides the add latency without
 /// relying on reassociation, which the compiler does not do for floating point.
@@ -361,11 +361,7 @@ fn group_norm_groups<T: Elem>(
 macro_rules! instantiate {
     ($t:ty, $ln:ident, $rms:ident, $gn:ident) => {
         #[allow(clippy::too_many_arguments)]
-        #[multiversion(targets(
-            "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-            "x86_64+avx2+fma",
-            "aarch64+neon"
-        ))]
+        #[isa_versions]
         fn $ln(
             n: usize,
             x: &[$t],
@@ -379,21 +375,13 @@ macro_rules! instantiate {
             layer_norm_rows(n, x, w, b, eps, out, mean, rstd)
         }
 
-        #[multiversion(targets(
-            "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-            "x86_64+avx2+fma",
-            "aarch64+neon"
-        ))]
+        #[isa_versions]
         fn $rms(n: usize, x: &[$t], w: Option<&[$t]>, eps: f64, out: &mut [$t]) {
             rms_norm_rows(n, x, w, eps, out)
         }
 
         #[allow(clippy::too_many_arguments)]
-        #[multiversion(targets(
-            "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-            "x86_64+avx2+fma",
-            "aarch64+neon"
-        ))]
+        #[isa_versions]
         fn $gn(
             g0: usize,
             groups: usize,

@@ -33,7 +33,7 @@ pub fn layer_norm_rows_f32(
     mean: Option<&mut [f32]>,
     rstd: Option<&mut [f32]>,
 ) -> bool {
-    if n == 0 || n > MAX_ROW || !is_x86_feature_detected!("avx512f") {
+    if n == 0 || n > MAX_ROW || !crate::isa::avx512() {
         return false;
     }
     let rows = x.len() / n;

@@ -13,7 +13,7 @@
 //! tasks.
 
 use crate::threads;
-use multiversion::multiversion;
+use torchburn_native_macros::isa_versions;
 
 use crate::kernels::conv::{deinterleave2, numel, ConvScalar};
 
@@ -227,11 +227,7 @@ fn wins<T: ConvScalar>(v: T, m: T) -> bool {
     (v > m) | v.is_nan()
 }
 
-#[multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-    "x86_64+avx2+fma",
-    "aarch64+neon"
-))]
+#[isa_versions]
 fn max_planes<T: ConvScalar>(job: &MaxJob, x: &[T], out: &mut [T], mut idx: Option<&mut [i64]>) {
     let s = &job.s;
     let rp = job.rp;
@@ -511,11 +507,7 @@ fn avg_window(o: usize, stride: usize, pad: usize, k: usize, len: usize) -> (usi
     (start, end.max(start), padded)
 }
 
-#[multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-    "x86_64+avx2+fma",
-    "aarch64+neon"
-))]
+#[isa_versions]
 fn avg_planes<T: ConvScalar>(job: &AvgJob, x: &[T], out: &mut [T]) {
     let s = &job.s;
     let rp = job.rp;
@@ -629,11 +621,7 @@ fn adaptive_plane<T: ConvScalar>(
 
 /// Sum of a row in eight interleaved partial sums (vectorizable, and more accurate than one running
 /// sum on the long rows of a global pool).
-#[multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-    "x86_64+avx2+fma",
-    "aarch64+neon"
-))]
+#[isa_versions]
 fn sum_row<T: ConvScalar>(row: &[T]) -> T {
     if row.len() < 16 {
         return row.iter().fold(T::ZERO, |a, &v| a + v);

@@ -14,7 +14,7 @@
 
 use std::ops::Range;
 
-use multiversion::multiversion;
+use torchburn_native_macros::isa_versions;
 
 use half::f16;
 
@@ -113,11 +113,7 @@ fn matmul_many_on(ms: &[&QMatrix], x: &[f32], tokens: usize, outs: &mut [&mut [f
 }
 
 /// Rows `rows` of the weights as f32 into `out` (`rows.len() · k` values).
-#[multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma+f16c",
-    "x86_64+avx2+fma+f16c",
-    "aarch64+neon"
-))]
+#[isa_versions]
 pub fn dequantize_rows(m: &QMatrix, rows: Range<usize>, out: &mut [f32]) {
     let k = m.k;
     let bpr = k / BLOCK;
@@ -150,9 +146,7 @@ pub fn dequantize_rows(m: &QMatrix, rows: Range<usize>, out: &mut [f32]) {
             } => {
                 let nb = &nibbles[r * k / 2..(r + 1) * k / 2];
                 #[cfg(target_arch = "x86_64")]
-                if std::arch::is_x86_feature_detected!("avx512f")
-                    && std::arch::is_x86_feature_detected!("f16c")
-                {
+                if crate::isa::avx512() {
                     let (d, mins) = (&d[r * bpr..(r + 1) * bpr], &mins[r * bpr..(r + 1) * bpr]);
                     // SAFETY: the CPU has AVX-512F and F16C
                     unsafe { x86::dequantize_q4_row(nb, d, mins, dst) };
@@ -203,10 +197,7 @@ unsafe fn group_product(
     simd: bool,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if simd
-        && std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("fma")
-    {
+    if simd && crate::isa::avx512() {
         // SAFETY: the CPU has AVX-512F and FMA
         return x86::group_product_avx512(w, rows, k, xt, stride, tokens, out, ld);
     }
@@ -216,7 +207,7 @@ unsafe fn group_product(
 
 /// [`group_product`] in plain Rust: the same fused multiply-adds in the same order.
 #[allow(clippy::too_many_arguments)]
-#[multiversion(targets("x86_64+avx2+fma", "aarch64+neon"))]
+#[isa_versions]
 unsafe fn group_product_portable(
     w: &[f32],
     rows: usize,

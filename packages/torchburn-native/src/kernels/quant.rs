@@ -17,7 +17,7 @@
 //! rows ahead of the ones they compute, and the scales are f16.
 
 use half::f16;
-use multiversion::multiversion;
+use torchburn_native_macros::isa_versions;
 
 use super::qprefill;
 use crate::threads;
@@ -68,11 +68,7 @@ pub enum ActFormat {
 
 /// Quantizes `x` (length a multiple of [`BLOCK`]) per block to int8 (int16) with scale
 /// `max|x| / 127` (`/ 32767`), or keeps it as f32.
-#[multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-    "x86_64+avx2+fma",
-    "aarch64+neon"
-))]
+#[isa_versions]
 pub fn quantize_acts(x: &[f32], format: ActFormat) -> QActs {
     assert!(
         x.len().is_multiple_of(BLOCK),
@@ -193,11 +189,7 @@ fn round_away(x: f32) -> f32 {
 
 /// Rounds `w / scale` to int8 (clamped to ±127) into `q`; returns the squared error, summed in
 /// sixteen running sums (a fixed order, so every ISA picks the same scale).
-#[multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-    "x86_64+avx2+fma",
-    "aarch64+neon"
-))]
+#[isa_versions]
 fn round_i8(w: &[f32], scale: f32, q: &mut [i8]) -> f32 {
     let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
     const SUMS: usize = 16;
@@ -567,17 +559,11 @@ impl Isa {
         let mut out = vec![Isa::Portable];
         #[cfg(target_arch = "x86_64")]
         {
-            // F16C for the f16 scales and FMA for the block sums: every AVX2 CPU has both
-            let f16c = std::arch::is_x86_feature_detected!("f16c")
-                && std::arch::is_x86_feature_detected!("fma");
-            if f16c && std::arch::is_x86_feature_detected!("avx2") {
+            // the AVX2 level includes F16C (f16 scales) and FMA (block sums)
+            if crate::isa::avx2() {
                 out.push(Isa::Avx2);
             }
-            if f16c
-                && std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512bw")
-                && std::arch::is_x86_feature_detected!("avx512dq")
-            {
+            if crate::isa::avx512() {
                 out.push(Isa::Avx512);
                 if std::arch::is_x86_feature_detected!("avx512vnni") {
                     out.push(Isa::Avx512Vnni);

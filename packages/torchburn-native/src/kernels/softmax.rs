@@ -16,13 +16,13 @@
 //!
 //! The f32 path uses a branch-free `exp` (`exp_nonpos_f32`, the polynomial of
 //! [`crate::kernels::math::exp_f32`] specialised to `x <= 0`) and [`ln_f32`], and is compiled per
-//! CPU target with `multiversion`; the f64 path shares the code with `std`'s libm `exp`/`ln`.
+//! instruction-set level with `#[isa_versions]`; the f64 path shares the code with `std`'s libm `exp`/`ln`.
 
 use crate::kernels::lanes;
 use crate::threads;
 use std::ops::{Add, Div, Mul, Sub};
 
-use multiversion::multiversion;
+use torchburn_native_macros::isa_versions;
 
 use crate::kernels::math::ln_f32;
 
@@ -296,11 +296,7 @@ unsafe fn cols_tile<T: Elem>(
     }
 }
 
-#[multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-    "x86_64+avx2+fma",
-    "aarch64+neon"
-))]
+#[isa_versions]
 fn rows_lastdim_f32_portable(x: &[f32], out: &mut [f32], n: usize, log: bool) {
     rows_lastdim(x, out, n, log)
 }
@@ -314,22 +310,14 @@ fn rows_lastdim_f32(x: &[f32], out: &mut [f32], n: usize, log: bool) {
     rows_lastdim_f32_portable(x, out, n, log)
 }
 
-#[multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-    "x86_64+avx2+fma",
-    "aarch64+neon"
-))]
+#[isa_versions]
 fn rows_lastdim_f64(x: &[f64], out: &mut [f64], n: usize, log: bool) {
     rows_lastdim(x, out, n, log)
 }
 
 /// # Safety
 /// As `cols_tile`.
-#[multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-    "x86_64+avx2+fma",
-    "aarch64+neon"
-))]
+#[isa_versions]
 unsafe fn cols_tile_f32(
     x: &[f32],
     out: *mut f32,
@@ -344,11 +332,7 @@ unsafe fn cols_tile_f32(
 
 /// # Safety
 /// As `cols_tile`.
-#[multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-    "x86_64+avx2+fma",
-    "aarch64+neon"
-))]
+#[isa_versions]
 unsafe fn cols_tile_f64(
     x: &[f64],
     out: *mut f64,

@@ -27,7 +27,7 @@ pub fn rows_f32(x: &[f32], out: &mut [f32], n: usize, log: bool) -> bool {
         x.len(),
         out.len()
     );
-    if is_x86_feature_detected!("avx512f") {
+    if crate::isa::avx512() {
         // SAFETY: the CPU has AVX-512F; every access below stays within a row of `x` or `out`
         unsafe { rows_avx512(x, out, n, log) };
         true

@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use multiversion::multiversion;
+use torchburn_native_macros::isa_versions;
 
 use crate::kernels::math::exp_f32;
 use crate::kernels::quant::{quantize_acts, ActFormat, QActs, QMatrix};
@@ -261,11 +261,7 @@ fn rms_scale(x: &[f32], eps: f32) -> f32 {
     1.0 / (sum_squares(x) / x.len() as f32 + eps).sqrt()
 }
 
-#[multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-    "x86_64+avx2+fma",
-    "aarch64+neon"
-))]
+#[isa_versions]
 fn sum_squares(x: &[f32]) -> f32 {
     let mut acc = [0f32; 16];
     let chunks = x.chunks_exact(16);
@@ -278,11 +274,7 @@ fn sum_squares(x: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-#[multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-    "x86_64+avx2+fma",
-    "aarch64+neon"
-))]
+#[isa_versions]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     dot16(a, b)
 }
@@ -330,11 +322,7 @@ pub(crate) fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32]) {
 const PARALLEL_ATTENTION_MIN: usize = 512;
 
 /// One query over `n` cached keys/values (`n × D` each): softmax(q·K / √D) · V into `out`.
-#[multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-    "x86_64+avx2+fma",
-    "aarch64+neon"
-))]
+#[isa_versions]
 fn attend(q: &[f32], keys: &[f32], values: &[f32], scores: &mut [f32], out: &mut [f32]) {
     let hd = q.len();
     let scale = 1.0 / (hd as f32).sqrt();
@@ -380,7 +368,7 @@ fn attend(q: &[f32], keys: &[f32], values: &[f32], scores: &mut [f32], out: &mut
 fn avx512_rows(hd: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        hd.is_multiple_of(16) && std::arch::is_x86_feature_detected!("avx512f")
+        hd.is_multiple_of(16) && crate::isa::avx512()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -450,11 +438,7 @@ unsafe fn weighted_values_avx512(probs: &[f32], values: &[f32], out: &mut [f32])
 }
 
 /// `x += y`.
-#[multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-    "x86_64+avx2+fma",
-    "aarch64+neon"
-))]
+#[isa_versions]
 pub(crate) fn add_into(x: &mut [f32], y: &[f32]) {
     for (a, &b) in x.iter_mut().zip(y) {
         *a += b;
@@ -462,11 +446,7 @@ pub(crate) fn add_into(x: &mut [f32], y: &[f32]) {
 }
 
 /// `g = silu(g) · u`, as `g / (1 + e^-g) · u` (PyTorch's form).
-#[multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-    "x86_64+avx2+fma",
-    "aarch64+neon"
-))]
+#[isa_versions]
 pub(crate) fn silu_mul(g: &mut [f32], u: &[f32]) {
     for (a, &b) in g.iter_mut().zip(u) {
         *a = *a / (1.0 + exp_f32(-*a)) * b;

@@ -10,7 +10,7 @@
 //! dozen torch operations per layer, whose dispatch and passes over memory cost a sixth of a small
 //! model's prompt.
 
-use multiversion::multiversion;
+use torchburn_native_macros::isa_versions;
 
 use super::decoder::{
     add_into, rms_norm, rms_norm_in_place, rotate, silu_mul, slice, CacheIo, Decoder, Projection,
@@ -274,11 +274,7 @@ fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 
 /// Softmax of `row[lo..hi]` in place, zero elsewhere: the keys outside a query's causal window get
 /// no weight.
-#[multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+fma",
-    "x86_64+avx2+fma",
-    "aarch64+neon"
-))]
+#[isa_versions]
 fn softmax_visible(row: &mut [f32], lo: usize, hi: usize) {
     let (before, rest) = row.split_at_mut(lo);
     let (visible, after) = rest.split_at_mut(hi - lo);
