@@ -6,7 +6,9 @@ so a second run installs in seconds.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import platform
 import shutil
 from pathlib import Path
 
@@ -17,6 +19,7 @@ nox.options.sessions = ["lint", "rust", "tests"]
 nox.options.reuse_venv = "yes"
 
 PYTHON = "3.11"
+ISA_ENV = "TORCHBURN_ISA"
 TORCH = "torch>=2.5"
 PACKAGES = ["./packages/torchburn-core", "./packages/torchburn"]
 TEST_PLUGIN = "./tests/plugins/torchburn-tiny-engine"
@@ -117,6 +120,23 @@ def tests(session: nox.Session) -> None:
     uv = shutil.which(nox.virtualenv.UV) or nox.virtualenv.UV
     env = {**_env(), "TORCHBURN_DIST": str(dist), "TORCHBURN_UV": uv}
     session.run("pytest", *(session.posargs or ["-q"]), env=env)
+    if not session.posargs:
+        _tests_below_the_cpus_level(session, env)
+
+
+# what proves a capped ISA level: the native engine's own tests and the conformance suite on it
+ISA_TESTS = ["tests/native", "tests/conformance", "-k", "not wgpu and not tiny and not reference"]
+
+
+def _tests_below_the_cpus_level(session: nox.Session, env: dict[str, str]) -> None:
+    """The native kernel tests and the conformance suite again under each lower ``TORCHBURN_ISA``."""
+    probe = "import torchburn_native; print(*torchburn_native.isa_status()['supported'])"
+    supported = str(session.run("python", "-c", probe, silent=True, env=env)).split()
+    if supported != _cpu_isa_levels():
+        session.error(f"the engine runs ISA levels {supported}, the CPU flags say {_cpu_isa_levels()}")
+    for level in reversed(supported[:-1]):
+        session.log(f"native tests and conformance at TORCHBURN_ISA={level}")
+        session.run("pytest", "-q", *ISA_TESTS, env={**env, ISA_ENV: level})
 
 
 @nox.session(python=PYTHON)
@@ -127,16 +147,52 @@ def dist(session: nox.Session) -> None:
     session.log("wheels in dist/: " + ", ".join(sorted(p.name for p in Path("dist").glob("*.whl"))))
 
 
+def _cpu_isa_levels() -> list[str]:
+    """The ``TORCHBURN_ISA`` levels this CPU runs, lowest first, from the kernel's CPU flags (the same
+    tests as the engine's own detection; the tests session checks that both agree)."""
+    machine = platform.machine().lower()
+    if machine in ("aarch64", "arm64"):
+        return ["neon"]
+    if machine not in ("x86_64", "amd64"):
+        return ["baseline"]
+    flags: set[str] = set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    levels = ["baseline"]
+    if {"avx2", "fma", "f16c"} <= flags:
+        levels.append("avx2")
+        if {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags:
+            levels.append("avx512")
+    return levels
+
+
 @nox.session(python=False)
 def rust(session: nox.Session) -> None:
-    """cargo fmt --check, clippy with warnings as errors, and the kernels' unit tests."""
+    """cargo fmt --check, clippy with warnings as errors, and the kernels' unit tests at every ISA
+    level this CPU runs (``TORCHBURN_ISA``), so that a wide CPU also proves the narrower paths."""
     manifest = f"--manifest-path={NATIVE}/Cargo.toml"
-    session.run("cargo", "fmt", manifest, "--check", external=True)
-    session.run("cargo", "clippy", manifest, "--all-targets", "--", "-D", "warnings", external=True)
+    session.run("cargo", "fmt", manifest, "--all", "--check", external=True)
+    session.run("cargo", "clippy", manifest, "--workspace", "--all-targets", "--", "-D", "warnings", external=True)
     session.run(
-        "cargo", "clippy", manifest, "--no-default-features", "--all-targets", "--", "-D", "warnings", external=True
+        "cargo",
+        "clippy",
+        manifest,
+        "--workspace",
+        "--no-default-features",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+        external=True,
     )
-    session.run("cargo", "test", manifest, "--release", "--no-default-features", external=True)
+    for level in reversed(_cpu_isa_levels()):
+        session.log(f"kernel tests at TORCHBURN_ISA={level}")
+        session.run(
+            "cargo", "test", manifest, "--release", "--no-default-features", external=True, env={ISA_ENV: level}
+        )
 
 
 @nox.session(python=PYTHON)

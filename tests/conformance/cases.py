@@ -143,6 +143,52 @@ def _(g):  # type: ignore[no-untyped-def]
     return f, (_r(g, 3, 5, 7),)
 
 
+@case("integer_reductions")
+def _(g):  # type: ignore[no-untyped-def]
+    def f(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            a.sum(1),
+            a.amax(0),
+            a.amin((0, 2)),
+            a.argmax(-1),
+            a.argmin(1),
+            (a % 3 + 1).prod(-1),
+            (a > 4).sum(-1),
+            b.argmax(0),  # int32, as tokenizers' attention masks come
+            b.sum(),
+        )
+
+    return f, (_i(g, 9, 3, 5, 7) - 4, _i(g, 50000, 6, 4).to(torch.int32))
+
+
+# --- scans -------------------------------------------------------------------------------------------
+@case("scans", atol=1e-4)
+def _(g):  # type: ignore[no-untyped-def]
+    def f(a: torch.Tensor, long: torch.Tensor, i: torch.Tensor) -> tuple[Any, ...]:
+        return (
+            torch.cumsum(a, 1),
+            torch.cumprod(a * 0.5 + 1, -1),
+            torch.cummax(a, 0),
+            torch.cummin(a, 2),
+            torch.logcumsumexp(a, 1),
+            # lines long enough to be scanned in parallel chunks
+            torch.cumsum(long, -1),
+            torch.cummax(long, -1),
+            torch.cummin(long, -1),
+            torch.logcumsumexp(long, 1),
+            torch.cumsum(i, 1),
+            torch.cummax(i, 0),
+            torch.cumsum(i > 0, -1),
+            torch.cumsum(i, 0, dtype=torch.float32),
+        )
+
+    a = _r(g, 3, 5, 4).round(decimals=1)  # rounded: ties, which move cummax's index to the later one
+    a.view(-1)[::9] = float("nan")
+    long = _r(g, 2, 1000).round(decimals=1)
+    long[1, 500] = float("nan")
+    return f, (a, long, _i(g, 9, 4, 6) - 4)
+
+
 # --- matmul family -------------------------------------------------------------------------------
 @case("matmul_family")
 def _(g):  # type: ignore[no-untyped-def]
@@ -216,6 +262,22 @@ def _(g):  # type: ignore[no-untyped-def]
         )
 
     return f, (_r(g, 2, 3, 4, 5).view(6, 4, 5),)
+
+
+@case("as_strided")
+def _(g):  # type: ignore[no-untyped-def]
+    def f(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        pooled = a.mean((2, 3), keepdim=True)  # [2, 8, 1, 1]
+        return (
+            # re-striding size-1 dims, as a channels-last adaptive pool does in ConvNeXt and Swin
+            pooled.as_strided((2, 8, 1, 1), (8, 1, 8, 8)) * 2,
+            # overlapping windows with a storage offset
+            (b + 1).flatten().as_strided((4, 4), (2, 1), 1).sum(1),
+            # of a transposed intermediate: its storage order is not its index order
+            (b.t() * 2).as_strided((3, 4), (1, 3)) + 0,
+        )
+
+    return f, (_r(g, 2, 8, 3, 3), _r(g, 3, 4))
 
 
 @case("cat_stack_pad")

@@ -191,7 +191,10 @@ def _gemm_in_subprocess(blas: str | None) -> subprocess.CompletedProcess[str]:
 
 
 def test_gemm_runs_on_pytorchs_mkl_or_the_crate_with_the_same_results() -> None:
-    has_mkl = sys.platform.startswith("linux") and torch.backends.mkl.is_available()
+    from torchburn_native.engine import host_blas_matches_isa
+
+    # under a lower TORCHBURN_ISA the products stay off MKL, which would run its widest kernels
+    has_mkl = sys.platform.startswith("linux") and torch.backends.mkl.is_available() and host_blas_matches_isa()
     for blas, backend in [(None, "mkl" if has_mkl else "gemm-crate"), ("own", "gemm-crate")]:
         out = _gemm_in_subprocess(blas)
         assert out.returncode == 0, out.stderr
@@ -206,9 +209,41 @@ def test_gemm_runs_on_pytorchs_mkl_or_the_crate_with_the_same_results() -> None:
 
 def test_isa_is_reported_and_in_engine_listing() -> None:
     isa = torchburn_native.isa()
-    assert isa in {"avx512", "avx2+fma", "x86-64 baseline (sse2)", "neon", "portable"}
+    status = torchburn_native.isa_status()
+    assert isa == status["level"] in status["supported"]
+    assert status["detected"] == status["supported"][-1]
+    assert set(status["supported"]) <= {"baseline", "avx2", "avx512", "neon"}
     (row,) = [r for r in torchburn.list_engines() if r.name == "native"]
-    assert row.available and isa in (row.device_name or "")
+    assert row.available and f"ISA {isa}" in (row.device_name or "")
+
+
+_ISA_PROBE = """
+import warnings
+warnings.simplefilter("always")
+import torch, torchburn_native
+fn = torch.compile(lambda x: torch.nn.functional.gelu(x) @ x.t(), backend="torchburn", options={"fallback": "error"})
+x = torch.randn(33, 20)
+torch.testing.assert_close(fn(x), torch.nn.functional.gelu(x) @ x.t(), rtol=1e-4, atol=1e-4)
+print(torchburn_native.isa())
+"""
+
+
+def _isa_probe(requested: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TORCHBURN_ISA": requested}
+    return subprocess.run([sys.executable, "-c", _ISA_PROBE], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_torchburn_isa_caps_the_level_and_a_bad_request_is_warned_about() -> None:
+    status = torchburn_native.isa_status()
+    lowest = status["supported"][0]
+    capped = _isa_probe(lowest.upper())
+    assert capped.returncode == 0, capped.stderr
+    assert capped.stdout.split() == [lowest]
+    for bad, why in [("avx1024", "is not an instruction-set level"), ("neon" if lowest != "neon" else "avx2", "")]:
+        out = _isa_probe(bad)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == [status["detected"]]
+        assert f"TORCHBURN_ISA={bad!r}" in out.stderr.replace('"', "'") and why in out.stderr
 
 
 def test_op_table_comes_from_the_registry() -> None:

@@ -232,10 +232,15 @@ def info() -> None:
     try:
         import torchburn_native
 
+        status = torchburn_native.isa_status()
+        forced = f" (TORCHBURN_ISA={status['requested']})" if status["level"] != status["detected"] else ""
         print(
-            f"native engine: ISA {torchburn_native.isa()}, {torchburn_native.num_threads()} threads, "
+            f"native engine: ISA {status['level']}{forced}, {torchburn_native.num_threads()} threads, "
             f"pool {torchburn_native.thread_pool()}, GEMM on {torchburn_native.gemm_backend()}"
         )
+        print(f"  CPU's level {status['detected']}; TORCHBURN_ISA may be one of: {', '.join(status['supported'])}")
+        if status["ignored"]:
+            print(f"  ignored: {status['ignored']}")
     except ImportError:
         from torchburn.install_hint import install_hint
 

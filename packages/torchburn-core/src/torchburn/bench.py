@@ -475,6 +475,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "torchburn": __version__,
         "engine": engine.name,
         "engine_version": engine.version,
+        # the engine's own account of where it runs (the native engine names its ISA level here)
+        "engine_device": engine.availability().device_name,
         "min_time_s": args.min_time,
         "dtype": "float32",
         "contenders": contenders,
@@ -520,7 +522,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"torchburn geometric-mean speed-up over throughput rows: {means}")
     print(
         f"machine: {meta['cpu']}, {meta['cores']} cores, {args.threads} threads, load {_load(meta)}; "
-        f"torch {torch.__version__}, torchburn {__version__}, engine {engine.name} {engine.version}; "
+        f"torch {torch.__version__}, torchburn {__version__}, engine {engine.name} {engine.version} "
+        f"on {meta['engine_device']}; "
         f"median ms per call, min time {args.min_time:g} s per contender per row"
     )
     print(f"results: {path}")

@@ -40,12 +40,23 @@ pub fn isa_versions(attr: TokenStream, item: TokenStream) -> TokenStream {
 }
 
 fn expand(function: ItemFn) -> syn::Result<TokenStream2> {
-    let ItemFn { attrs, vis, sig, block } = function;
+    let ItemFn {
+        attrs,
+        vis,
+        sig,
+        block,
+    } = function;
     if let Some(receiver) = sig.receiver() {
-        return Err(syn::Error::new_spanned(receiver, "#[isa_versions] needs a free function"));
+        return Err(syn::Error::new_spanned(
+            receiver,
+            "#[isa_versions] needs a free function",
+        ));
     }
     if sig.asyncness.is_some() || sig.constness.is_some() {
-        return Err(syn::Error::new_spanned(&sig, "#[isa_versions] needs a plain (non-async, non-const) fn"));
+        return Err(syn::Error::new_spanned(
+            &sig,
+            "#[isa_versions] needs a plain (non-async, non-const) fn",
+        ));
     }
 
     // The outer function names every argument `__isa_argN`, so any pattern the inner copies
@@ -53,7 +64,9 @@ fn expand(function: ItemFn) -> syn::Result<TokenStream2> {
     let mut outer = sig.clone();
     let mut forwarded = Vec::new();
     for (i, input) in outer.inputs.iter_mut().enumerate() {
-        let FnArg::Typed(PatType { pat, .. }) = input else { unreachable!("receiver rejected above") };
+        let FnArg::Typed(PatType { pat, .. }) = input else {
+            unreachable!("receiver rejected above")
+        };
         let name = Ident::new(&format!("__isa_arg{i}"), Span::call_site());
         **pat = Pat::Ident(PatIdent {
             attrs: Vec::new(),
@@ -82,12 +95,20 @@ fn expand(function: ItemFn) -> syn::Result<TokenStream2> {
             GenericParam::Lifetime(_) => None,
         })
         .collect();
-    let turbofish = if turbofish_args.is_empty() { quote!() } else { quote!(::<#(#turbofish_args),*>) };
+    let turbofish = if turbofish_args.is_empty() {
+        quote!()
+    } else {
+        quote!(::<#(#turbofish_args),*>)
+    };
 
     // Lint settings apply to every copy; docs and other attributes stay on the outer function.
     let lints: Vec<_> = attrs
         .iter()
-        .filter(|a| ["allow", "expect", "warn", "deny"].iter().any(|name| a.path().is_ident(name)))
+        .filter(|a| {
+            ["allow", "expect", "warn", "deny"]
+                .iter()
+                .any(|name| a.path().is_ident(name))
+        })
         .collect();
 
     let copy = |name: &str| {
@@ -96,7 +117,11 @@ fn expand(function: ItemFn) -> syn::Result<TokenStream2> {
         inner.unsafety = Some(Default::default());
         inner
     };
-    let (avx512, avx2, portable) = (copy("__isa_avx512"), copy("__isa_avx2"), copy("__isa_portable"));
+    let (avx512, avx2, portable) = (
+        copy("__isa_avx512"),
+        copy("__isa_avx2"),
+        copy("__isa_portable"),
+    );
     let (avx512_name, avx2_name, portable_name) = (&avx512.ident, &avx2.ident, &portable.ident);
 
     Ok(quote! {

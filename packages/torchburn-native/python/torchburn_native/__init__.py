@@ -15,8 +15,18 @@ from . import _native
 
 
 def isa() -> str:
-    """The SIMD instruction set the kernels dispatch to on this CPU (e.g. ``avx2+fma``)."""
+    """The instruction-set level the kernels run at: ``avx512``, ``avx2``, ``baseline`` or ``neon``.
+
+    The CPU's best level unless ``TORCHBURN_ISA`` names a lower one (see :func:`isa_status`)."""
     return str(_native.isa())
+
+
+def isa_status() -> dict[str, Any]:
+    """How the level was chosen: ``level``, ``detected`` (the CPU's best), ``supported`` (every level
+    this CPU runs, lowest first, each a valid ``TORCHBURN_ISA``), ``requested`` and ``ignored`` (why a
+    request was not followed, else None)."""
+    status: dict[str, Any] = _native.isa_status()
+    return status
 
 
 def num_threads() -> int:
@@ -61,4 +71,13 @@ def ops_table() -> list[dict[str, str]]:
     return OPS.rows()
 
 
-__all__ = ["debug_last_call", "debug_stats", "gemm_backend", "isa", "num_threads", "ops_table", "thread_pool"]
+__all__ = [
+    "debug_last_call",
+    "debug_stats",
+    "gemm_backend",
+    "isa",
+    "isa_status",
+    "num_threads",
+    "ops_table",
+    "thread_pool",
+]

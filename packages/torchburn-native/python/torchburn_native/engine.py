@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -49,16 +50,31 @@ def _follow_eager_specials() -> None:
     _native.set_gelu_positive_infinity_nan(bool(torch.isnan(probe[0])))
 
 
+def _check_isa_request() -> None:
+    ignored = _native.isa_status()["ignored"]
+    if ignored:
+        warnings.warn(f"torchburn-native: {ignored}; running at the CPU's own level", RuntimeWarning, stacklevel=3)
+
+
+def host_blas_matches_isa() -> bool:
+    """Whether PyTorch's MKL may compute GEMMs: always at the CPU's own level; under a lower
+    ``TORCHBURN_ISA`` only when ``MKL_ENABLE_INSTRUCTIONS`` holds MKL down too, since otherwise MKL
+    would still run its widest kernels and the products would not be the capped level's."""
+    status = _native.isa_status()
+    return status["level"] == status["detected"] or bool(os.environ.get("MKL_ENABLE_INSTRUCTIONS"))
+
+
 def ensure_threads() -> int:
     global _threads_ready
     if not _threads_ready:
+        _check_isa_request()
         _follow_eager_specials()
         _native.init_threads(configured_threads())
         if requested_pool() == "torch":
             addr = torch_gomp_parallel()
             if addr is not None:
                 _native.share_openmp(addr)
-        if requested_blas() == "torch":
+        if requested_blas() == "torch" and host_blas_matches_isa():
             mkl = torch_mkl()
             if mkl is not None:
                 _native.share_host_blas(mkl.sgemm, mkl.dgemm, mkl.set_local_threads)
@@ -76,7 +92,12 @@ class NativeEngine(Engine):
     ops = OPS
 
     def availability(self) -> Availability:
-        return Availability(True, device_name=f"CPU ({_native.isa()}, {ensure_threads()} threads)")
+        threads = ensure_threads()
+        status = _native.isa_status()
+        level = status["level"]
+        if level != status["detected"]:
+            level += f" (TORCHBURN_ISA; the CPU runs {status['detected']})"
+        return Availability(True, device_name=f"CPU (ISA {level}, {threads} threads, GEMM on {_native.gemm_backend()})")
 
     def keep_whole(self) -> frozenset[Any]:
         # implemented as fused kernels: decomposing them would cost extra memory sweeps

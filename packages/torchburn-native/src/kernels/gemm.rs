@@ -60,13 +60,6 @@ pub trait GemmScalar:
     /// Where the shared host BLAS routine for this type lives (0: none).
     fn host_gemm() -> &'static AtomicUsize;
 
-    /// `C = (accumulate ? C : 0) + A·B` from a B the host BLAS packed for these sizes (see
-    /// `gemm_packed`), with `hooks` run over blocks of C's rows before and after the product; false
-    /// (nothing done) where this type or these layouts have no packed path.
-    ///
-    /// # Safety
-    /// As [`gemm_hooked`]; `packed` must hold B packed for exactly these sizes.
-    #[allow(clippy::too_many_arguments)]
     /// The `gemm` crate's product with the micro-kernels of `level`, below the CPU's best: see
     /// `crate_gemm`. C is column-major-ish (`|cs| >= |rs|`).
     ///
@@ -85,6 +78,13 @@ pub trait GemmScalar:
         alpha: Self,
     );
 
+    /// `C = (accumulate ? C : 0) + A·B` from a B the host BLAS packed for these sizes (see
+    /// `gemm_packed`), with `hooks` run over blocks of C's rows before and after the product; false
+    /// (nothing done) where this type or these layouts have no packed path.
+    ///
+    /// # Safety
+    /// As [`gemm_hooked`]; `packed` must hold B packed for exactly these sizes.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn gemm_packed_b(
         _m: usize,
         _n: usize,
@@ -216,6 +216,13 @@ impl GemmScalar for f32 {
         8
     );
 
+    /// `C = (accumulate ? C : 0) + A·B` from a B the host BLAS packed for these sizes (see
+    /// `gemm_packed`), with `hooks` run over blocks of C's rows before and after the product; false
+    /// (nothing done) where this type or these layouts have no packed path.
+    ///
+    /// # Safety
+    /// As [`gemm_hooked`]; `packed` must hold B packed for exactly these sizes.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn gemm_packed_b(
         m: usize,
         n: usize,

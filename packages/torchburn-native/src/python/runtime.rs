@@ -115,6 +115,22 @@ fn isa() -> &'static str {
     crate::isa::name()
 }
 
+/// How the running ISA level was chosen: `level`, `detected` (the CPU's best), `supported` (every
+/// level this CPU runs, lowest first), `requested` (`TORCHBURN_ISA` or None) and `ignored` (why the
+/// request was not followed, or None).
+#[pyfunction]
+fn isa_status(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    let status = crate::isa::status();
+    let out = pyo3::types::PyDict::new(py);
+    out.set_item("level", status.level.name())?;
+    out.set_item("detected", status.detected.name())?;
+    let supported: Vec<&str> = crate::isa::supported().iter().map(|l| l.name()).collect();
+    out.set_item("supported", supported)?;
+    out.set_item("requested", status.requested)?;
+    out.set_item("ignored", status.ignored)?;
+    Ok(out)
+}
+
 /// Make GELU(+inf) NaN (true) or +inf (false), as the process's eager kernel gives it.
 #[pyfunction]
 fn set_gelu_positive_infinity_nan(nan: bool) {
@@ -132,6 +148,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(packed_b_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(pack_gemm_b, m)?)?;
     m.add_function(wrap_pyfunction!(isa, m)?)?;
+    m.add_function(wrap_pyfunction!(isa_status, m)?)?;
     m.add_function(wrap_pyfunction!(set_gelu_positive_infinity_nan, m)?)?;
     Ok(())
 }

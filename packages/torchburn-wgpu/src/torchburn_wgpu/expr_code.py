@@ -86,6 +86,8 @@ TEMPLATES: dict[str, str | dict[ComputeType, str]] = {
         "int": "select(select({0} % {1}, {0} % {1} + {1}, "
         "({0} % {1} != 0i) && (({0} % {1} < 0i) != ({1} < 0i))), 0i, {1} == 0i)",
     },
+    # C's fmod: the result takes the dividend's sign (WGSL's `%` truncates, for floats and integers)
+    "fmod": {"f32": "({0} % {1})", "int": "select({0} % {1}, 0i, {1} == 0i)"},
     "eq": "({0} == {1})",
     "ne": "({0} != {1})",
     "lt": "({0} < {1})",

@@ -140,6 +140,45 @@ def conv_source() -> str:
     return shaders.source("conv", **register_block("f32", "g, plane, {}"))
 
 
+# scans: (combine or takes-over test, identity) by op, for float and for integer accumulators
+SCANS: dict[str, dict[str, tuple[str, str]]] = {
+    "sum": {"f32": ("a + b", "0.0"), "i32": ("a + b", "0i")},
+    "prod": {"f32": ("a * b", "1.0"), "i32": ("a * b", "1i")},
+    "logsumexp": {"f32": ("log_add_exp(a, b)", "-bitcast<f32>(0x7f800000u)")},
+    "max": {"f32": ("tb_isnan(b) || (!tb_isnan(a) && b >= a)", "0.0"), "i32": ("b >= a", "0i")},
+    "min": {"f32": ("tb_isnan(b) || (!tb_isnan(a) && b <= a)", "0.0"), "i32": ("b <= a", "0i")},
+}
+SCAN_LOADS = {("f32", "f32"): "v", ("i32", "f32"): "f32(v)", ("u32", "f32"): "f32(v)", ("i32", "i32"): "v"}
+SCAN_LOADS[("u32", "i32")] = "i32(v)"
+# lines up to this long are scanned by one thread each; longer ones by a workgroup
+SCAN_LINE_PER_THREAD = 64
+
+
+def scan_source(op: str, in_type: str, acc: str, length: int) -> str:
+    """``scan.wgsl`` for ``op`` (``sum``, ``prod``, ``logsumexp``, ``max``, ``min``: the last two with
+    positions) over inputs of WGSL type ``in_type`` accumulated in ``acc`` (``f32`` or ``i32``)."""
+    rule, init = SCANS[op][acc]
+    arg = op in ("max", "min")
+    positions = (
+        "@group(0) @binding(2) var<storage, read_write> positions: array<i32>;"
+        if arg
+        else "var<private> positions: array<i32, 1>;"  # never written: ARG is false
+    )
+    return shaders.source(
+        "scan",
+        ACC=acc,
+        IN_TYPE=in_type,
+        POSITIONS=positions,
+        X_BINDING="3" if arg else "2",
+        LINE_PER_THREAD="true" if length <= SCAN_LINE_PER_THREAD else "false",
+        ARG="true" if arg else "false",
+        LOAD=SCAN_LOADS[(in_type, acc)],
+        COMBINE="a" if arg else rule,
+        TAKES=rule if arg else "false",
+        INIT=init,
+    )
+
+
 SOFTMAX_PER_THREAD = 16  # registers per thread for a row held whole: rows up to 256 × 16 elements
 
 
@@ -217,19 +256,36 @@ REDUCTIONS = {
     "argmax": ("a", "0.0", "i32(position)", "i32"),
     "argmin": ("a", "0.0", "i32(position)", "i32"),
 }
+# integer and bool inputs fold in i32 (wrapping on overflow, as int32 arithmetic does)
+INT_REDUCTIONS = {
+    "sum": ("a + b", "0i", "total", "i32"),
+    "prod": ("a * b", "1i", "total", "i32"),
+    "amax": ("max(a, b)", "i32(-2147483647 - 1)", "total", "i32"),
+    "amin": ("min(a, b)", "2147483647i", "total", "i32"),
+    "argmax": ("a", "0i", "i32(position)", "i32"),
+    "argmin": ("a", "0i", "i32(position)", "i32"),
+}
 LOADS = {"f32": "v", "u32": "f32(v)", "i32": "f32(v)"}
+INT_LOADS = {"u32": "i32(v)", "i32": "v"}
 # any/all fold truth values: a load is 1 where it is nonzero (NaN included), else 0
 TRUTH = {"f32": "select(0.0, 1.0, v != 0.0)", "u32": "select(0.0, 1.0, v != 0u)", "i32": "select(0.0, 1.0, v != 0i)"}
 
 
 def reduce_source(kind: str, in_type: str, out_rank: int, red_rank: int) -> str:
-    combine, init, finish, out_type = REDUCTIONS[kind]
+    integer = in_type in INT_LOADS and kind in INT_REDUCTIONS
+    combine, init, finish, out_type = (INT_REDUCTIONS if integer else REDUCTIONS)[kind]
+    if kind in ("any", "all"):
+        load = TRUTH[in_type]
+    else:
+        load = INT_LOADS[in_type] if integer else LOADS[in_type]
     fills = {
         "OUT_RANK": str(out_rank),
         "RED_RANK": str(red_rank),
         "IN_TYPE": in_type,
         "OUT_TYPE": out_type,
-        "LOAD": TRUTH[in_type] if kind in ("any", "all") else LOADS[in_type],
+        "ACC": "i32" if integer else "f32",
+        "IS_NAN": "false" if integer else "tb_isnan(v)",
+        "LOAD": load,
         "COMBINE": combine,
         "INIT": init,
         "FINISH": finish,

@@ -125,3 +125,50 @@ def broadcast_strides(shape: tuple[int, ...], strides: tuple[int, ...], target: 
         else:
             raise ValueError(f"cannot broadcast shape {shape} to {target}")
     return tuple(out)
+
+
+class StridedSource(NamedTuple):
+    """How ``as_strided`` reads its input: the input permuted to ``order`` and made contiguous is the
+    input's block of storage element for element, and the view starts ``offset`` elements into it."""
+
+    order: tuple[int, ...]
+    offset: int
+
+
+def storage_order(shape: tuple[Any, ...], strides: tuple[Any, ...]) -> tuple[int, ...] | None:
+    """The dims of a tensor outermost first (by stride) when its elements fill one block of its storage
+    exactly, with no gap and no element seen twice; None otherwise (or for symbolic sizes)."""
+    if any(not isinstance(v, int) for v in (*shape, *strides)):
+        return None
+    dims = tuple(sorted(range(len(shape)), key=lambda d: strides[d], reverse=True))
+    if numel(tuple(shape)) == 0:
+        return dims
+    expected = 1
+    for d in reversed(dims):
+        if shape[d] == 1:
+            continue  # a size-1 dim's stride is never used to address anything
+        if strides[d] != expected:
+            return None
+        expected *= shape[d]
+    return dims
+
+
+def as_strided_source(x: Any, size: Any, stride: Any, storage_offset: Any = None) -> StridedSource | str:
+    """Plan ``as_strided(x, size, stride, storage_offset)`` on an engine that has no storage beside its
+    own buffers, given ``x``'s ``TensorSpec`` (dtype, shape, stride, storage_offset as the graph traced
+    it). ``as_strided`` addresses ``x``'s *storage*: that is expressible when ``x`` fills one block of
+    storage densely (then the block is ``x`` permuted into storage order, made contiguous) and the view
+    stays inside that block. Otherwise the reason, for the partitioner's decline."""
+    values = (*size, *stride, storage_offset if storage_offset is not None else 0, x.storage_offset)
+    if any(not isinstance(v, int) for v in values):
+        return "as_strided with symbolic sizes, strides or offset"
+    order = storage_order(tuple(x.shape), tuple(x.stride))
+    if order is None:
+        return "as_strided of a tensor that does not fill its block of storage densely (a gap or an overlap)"
+    offset = (x.storage_offset if storage_offset is None else storage_offset) - x.storage_offset
+    if any(s < 0 for s in stride):
+        return "as_strided with a negative stride"
+    span = extent(tuple(size), tuple(stride))
+    if offset < 0 or (span and offset + span > numel(tuple(x.shape))):
+        return "as_strided reaching storage outside its input's elements"
+    return StridedSource(order, offset)

@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from torchburn.planning import VIEW_OPS, Family, Layout, meta_like, view_layouts
+from torchburn.engines.base import NodeSpec, TensorSpec
+from torchburn.planning import VIEW_OPS, Family, Layout, as_strided_source, meta_like, view_layouts
 
 from ..planner import Planner
 from ..values import SUPPORTED_DTYPES, Tensorish, Value, contiguous_strides, domain_of
@@ -48,6 +49,22 @@ for _op in VIEW_OPS:
         continue  # lowered without a view already (alias: the value itself, see elementwise.clone)
     # expand's ``implicit`` only records how the expand came about
     lower(_op, family=Family.VIEW, dtypes=ANY, reads=("implicit",) if _op is aten.expand.default else ())(_view_op(_op))
+
+
+def _as_strided_check(node: NodeSpec) -> bool | str:
+    plan = as_strided_source(node.inputs[0], *node.args[1:], **node.kwargs)
+    return plan if isinstance(plan, str) else True
+
+
+@lower(aten.as_strided.default, family=Family.VIEW, dtypes=ANY, check=_as_strided_check)
+def as_strided(
+    p: Planner, node: Any, x: Tensorish, size: list[int], stride: list[int], storage_offset: int | None = None
+) -> Value:
+    # the input's storage block, rebuilt in our own buffer (a view when x is already contiguous)
+    plan = as_strided_source(TensorSpec.of(node.args[0].meta["val"]), size, stride, storage_offset)
+    assert not isinstance(plan, str), plan  # the check declined such nodes
+    block = p.contiguous(view_by(p, x, lambda t: t.permute(plan.order)))
+    return block.with_view(tuple(size), tuple(stride), block.offset + plan.offset)
 
 
 @lower(aten.cat.default, family=Family.COPY, dtypes=ANY)

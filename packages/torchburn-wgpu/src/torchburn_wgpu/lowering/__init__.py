@@ -58,7 +58,7 @@ def keep_whole() -> frozenset[Any]:
 
 
 # the family modules register their ops on import
-from . import attention, conv, elementwise, index, matmul, norm, pool, reduce, softmax, views  # noqa: E402
+from . import attention, conv, elementwise, index, matmul, norm, pool, reduce, scan, softmax, views  # noqa: E402
 
 __all__ = [
     "OPS",
@@ -72,6 +72,7 @@ __all__ = [
     "norm",
     "pool",
     "reduce",
+    "scan",
     "softmax",
     "views",
 ]

@@ -180,11 +180,15 @@ def _div_rounded(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
     return function(p, fn, args[:2], out, "f32" if KINDS[out.dtype] == "f32" else "int")
 
 
-@lower([aten.remainder.Scalar, aten.remainder.Tensor], family=Family.ELEMENTWISE, dtypes=NUMERIC)
-def _remainder(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
-    """Python's modulo: the result takes the divisor's sign."""
+_FMOD = (aten.fmod.Scalar, aten.fmod.Tensor)
+
+
+@lower([aten.remainder.Scalar, aten.remainder.Tensor, *_FMOD], family=Family.ELEMENTWISE, dtypes=NUMERIC)
+def _modulo(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    """``remainder`` is Python's modulo (the result takes the divisor's sign), ``fmod`` C's (the dividend's)."""
     out = p.out_meta()
-    return function(p, "remainder", args[:2], out, "f32" if KINDS[out.dtype] == "f32" else "int")
+    fn = "fmod" if node.target in _FMOD else "remainder"
+    return function(p, fn, args[:2], out, "f32" if KINDS[out.dtype] == "f32" else "int")
 
 
 def _positive_or_nan(x: Expr) -> Expr:

@@ -9,9 +9,9 @@ import torch
 
 from torchburn.planning import Family, expr
 
-from ..kernels import Launch, grid, params, reduce_source
+from ..kernels import INT_REDUCTIONS, Launch, grid, params, reduce_source
 from ..planner import Lazy, PlanError, Planner
-from ..values import WGSL_TYPES, Value, numel
+from ..values import INTEGER_DTYPES, WGSL_TYPES, Value, numel
 from . import ANY, F32, FxNode, lower, shape_of
 
 aten = torch.ops.aten
@@ -42,10 +42,17 @@ def _reduce_check(spec: Any) -> bool | str:
     x = spec.inputs[0]
     if kind in ("any", "all"):
         return True
-    if x is None or x.dtype != torch.float32:
-        return f"{kind} of a non-float32 tensor"
+    if x is None:
+        return f"{kind} of a non-tensor"
     dtype = spec.kwargs.get("dtype")
-    return True if dtype in (None, torch.float32) else f"reduction to {dtype}"
+    if x.dtype == torch.float32:
+        return True if dtype in (None, torch.float32) else f"reduction to {dtype}"
+    if x.dtype in INTEGER_DTYPES | {torch.bool} and kind in INT_REDUCTIONS:
+        # computed in i32, like every integer the engine holds; a bool's amax/amin would be a bool
+        if x.dtype == torch.bool and kind in ("amax", "amin"):
+            return f"{kind} of a bool tensor"
+        return True if dtype in (None, torch.int64) else f"reduction to {dtype}"
+    return f"{kind} of a {x.dtype} tensor"
 
 
 def _dims(node: FxNode, args: Sequence[Any], rank: int) -> set[int]:

@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from torchburn.planning import ORDER_KEEPING, VIEW_OPS, Family, Layout, expr, view_layouts
+from torchburn.engines.base import NodeSpec, TensorSpec
+from torchburn.planning import ORDER_KEEPING, VIEW_OPS, Family, Layout, as_strided_source, expr, view_layouts
 
 from ..planner import Lazy, Planner, constant
 from ..values import KINDS, Value
@@ -61,6 +62,23 @@ def _view(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Any:
         # a reshape that strides cannot express (e.g. merging dims of a transposed view): copy first
         x = p.dense(x)
         return _on(x, view_layouts(node.target, x.meta(), *args[1:], **kwargs))
+
+
+def _as_strided_check(node: NodeSpec) -> bool | str:
+    plan = as_strided_source(node.inputs[0], *node.args[1:], **node.kwargs)
+    return plan if isinstance(plan, str) else True
+
+
+@lower(aten.as_strided.default, family=Family.VIEW, dtypes=ALL, check=_as_strided_check)
+def _as_strided(
+    p: Planner, node: FxNode, x: Any, size: list[int], stride: list[int], storage_offset: int | None = None
+) -> Value:
+    # the input's storage block, rebuilt in a buffer of our own (a view when x is already contiguous)
+    plan = as_strided_source(TensorSpec.of(node.args[0].meta["val"]), size, stride, storage_offset)
+    assert not isinstance(plan, str), plan  # the check declined such nodes
+    value = p.materialize(x)
+    block = p.dense(value.with_layout(value.meta().permute(plan.order)))
+    return block.with_view(Layout(tuple(size), tuple(stride), block.offset + plan.offset))
 
 
 @lower(aten.cat.default, family=Family.VIEW, dtypes=ALL)

@@ -41,6 +41,8 @@ SAMPLES: dict[str, dict[str, str]] = {
         "RED_RANK": "2",
         "IN_TYPE": "f32",
         "OUT_TYPE": "f32",
+        "ACC": "f32",
+        "IS_NAN": "tb_isnan(v)",
         "LOAD": "v",
         "COMBINE": "a + b",
         "INIT": "0.0",
@@ -54,6 +56,18 @@ SAMPLES: dict[str, dict[str, str]] = {
     "index": {"TYPE": "f32", "RANK": "2", "SCATTER": "false"},
     "softmax": {"OUTER_RANK": "1", "LOG": "false", "IN_REGISTERS": "false", "IN_REGISTERS_BODY": ""},
     "norm": {},
+    "scan": {
+        "ACC": "f32",
+        "IN_TYPE": "f32",
+        "POSITIONS": "@group(0) @binding(2) var<storage, read_write> positions: array<i32>;",
+        "X_BINDING": "3",
+        "LINE_PER_THREAD": "false",
+        "ARG": "true",
+        "LOAD": "v",
+        "COMBINE": "a",
+        "TAKES": "tb_isnan(b) || (!tb_isnan(a) && b >= a)",
+        "INIT": "0.0",
+    },
 }
 # families that fold rows across the workgroup: their samples also take ``row_tree()``'s fills
 ROW_TREE_FAMILIES = ("softmax", "norm")

@@ -1,6 +1,7 @@
 // Reduction of a strided tensor over a set of its dims: one workgroup per output element, 256 threads
 // each folding a strided share of the reduced elements, then a tree in workgroup memory. ARG mode
 // (argmax/argmin) carries each candidate's position along, ties going to the first, NaN winning.
+// Values fold in ACC: f32, or i32 for integer inputs (exact where an f32 would round above 2^24).
 //
 // params: [n_out, n_red, offset, out_shape[OUT_RANK], out_strides[OUT_RANK] (the input's strides of
 //          the kept dims), red_shape[RED_RANK], red_strides[RED_RANK]]
@@ -15,23 +16,27 @@ const OUT_RANK: u32 = {{OUT_RANK}}u;
 const RED_RANK: u32 = {{RED_RANK}}u;
 const ARG: bool = {{ARG}};
 
-var<workgroup> partial: array<f32, 256>;
+var<workgroup> partial: array<{{ACC}}, 256>;
 var<workgroup> partial_at: array<u32, 256>;
 
-fn load(v: {{IN_TYPE}}) -> f32 {
+fn load(v: {{IN_TYPE}}) -> {{ACC}} {
     return {{LOAD}};
 }
 
-fn combine(a: f32, b: f32) -> f32 {
+fn combine(a: {{ACC}}, b: {{ACC}}) -> {{ACC}} {
     return {{COMBINE}};
 }
 
 // ARG mode: whether candidate (b, at_b) beats (a, at_a)
-fn beats(a: f32, at_a: u32, b: f32, at_b: u32) -> bool {
-    if (tb_isnan(a)) {
-        return tb_isnan(b) && at_b < at_a;
+fn is_nan(v: {{ACC}}) -> bool {
+    return {{IS_NAN}};
+}
+
+fn beats(a: {{ACC}}, at_a: u32, b: {{ACC}}, at_b: u32) -> bool {
+    if (is_nan(a)) {
+        return is_nan(b) && at_b < at_a;
     }
-    if (tb_isnan(b)) {
+    if (is_nan(b)) {
         return true;
     }
     let better = {{BETTER}};
