@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import torchburn
 from helpers import assert_engine_ran, strict_compile
 from torchburn.aten_graph import decomposition_table
-from torchburn.decompositions import WHEN_MISSING, for_missing_ops
+from torchburn.decompositions import OWN, WHEN_MISSING, for_missing_ops
 
 aten = torch.ops.aten
 
@@ -18,7 +19,7 @@ def test_only_missing_ops_are_decomposed() -> None:
     assert aten.addmv.default not in table  # the engine lowers it
     assert aten.native_group_norm.default not in table  # the engine keeps it whole
     assert aten._native_batch_norm_legit_functional.default in table
-    assert set(table) <= set(WHEN_MISSING)
+    assert set(table) <= set(WHEN_MISSING) | set(OWN)
 
 
 def test_the_reference_engine_keeps_its_functional_ops() -> None:
@@ -38,3 +39,69 @@ def test_batch_norm_in_training_runs_on_the_native_engine() -> None:
     assert_engine_ran("native")
     # the compiled call updated the running statistics as eager does (a second step from `running`)
     assert not torch.equal(bn.running_mean, running)
+
+
+# (spatial dims, batch, in channels, out channels, size, kernel, stride, padding, dilation, groups)
+CONVOLUTIONS = [
+    (2, 2, 4, 6, 9, 3, 2, 1, 1, 2),
+    (2, 2, 3, 4, 8, 3, 1, 1, 2, 1),
+    (1, 3, 4, 4, 11, 2, 3, 0, 1, 4),
+    (2, 2, 6, 3, 7, 3, 2, 1, 1, 3),
+]
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("shape", CONVOLUTIONS, ids=str)
+def test_convolution_gradients_as_convolutions_match_eagers_kernel(shape: tuple[int, ...], transposed: bool) -> None:
+    dims, n, c, o, size, k, stride, padding, dilation, groups = shape
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn([n, c] + [size] * dims, generator=g)
+    w_shape = [c, o // groups] if transposed else [o, c // groups]
+    w = torch.randn(w_shape + [k] * dims, generator=g)
+    extra = [1 if transposed and stride > 1 else 0] * dims
+    args = ([stride] * dims, [padding] * dims, [dilation] * dims, transposed, extra, groups)
+    y = aten.convolution(x, w, None, *args)
+    grad = torch.randn(y.shape, generator=g)
+    bias_size = [w.shape[1] * groups if transposed else o]
+    expected = aten.convolution_backward(grad, x, w, bias_size, *args, [True, True, True])
+    got = OWN[aten.convolution_backward.default](grad, x, w, bias_size, *args, [True, True, True])
+    for name, a, b in zip(("input", "weight", "bias"), got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=lambda m, name=name: f"{name} gradient: {m}")
+
+
+@pytest.mark.parametrize(
+    ("causal", "mask", "kv_heads", "source"),
+    [(False, None, 4, 7), (True, None, 2, 6), (False, "additive", 4, 7), (True, "additive", 4, 9)],
+)
+def test_attention_gradients_from_lse_match_eagers_kernel(
+    causal: bool, mask: str | None, kv_heads: int, source: int
+) -> None:
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 4, 6, 8, generator=g)
+    k, v = torch.randn(2, kv_heads, source, 8, generator=g), torch.randn(2, kv_heads, source, 8, generator=g)
+    kwargs = {} if mask is None else {"attn_mask": torch.randn(6, source, generator=g)}
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, **kwargs)
+    grad = torch.randn(out.shape, generator=g)
+    backward = aten._scaled_dot_product_flash_attention_for_cpu_backward
+    expected = backward(grad, q, k, v, out, lse, 0.0, causal, **kwargs)
+    got = OWN[backward.default](grad, q, k, v, out, lse, 0.0, causal, **kwargs)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_transposed_and_grouped_convolutions_train_on_the_native_engine() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(4, 8, 3, stride=2, padding=1, groups=2),
+        torch.nn.ReLU(),
+        torch.nn.ConvTranspose2d(8, 4, 3, stride=2, padding=1, output_padding=1),
+    )
+    x = torch.randn(2, 4, 10, 10)
+    model(x).square().sum().backward()
+    expected = [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
+    model.zero_grad()
+    strict_compile("native")(model)(x).square().sum().backward()
+    for got, want in zip((p.grad for p in model.parameters()), expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert_engine_ran("native")
+    assert "aten.convolution_backward.default" not in torchburn.coverage()["native"]

@@ -15,6 +15,7 @@ values while it is traced, which a graph of fake tensors cannot give.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -50,12 +51,149 @@ WHEN_MISSING: tuple[Any, ...] = (
     aten.upsample_trilinear3d.default,
     # bit-level math -> arithmetic
     aten.ldexp.Tensor,
+    # training's gradients -> the forward ops' own primitives
+    aten.max_pool2d_with_indices_backward.default,  # a scatter-add of the gradients to the argmax
 )
+
+
+def _weight_gradient(
+    x: torch.Tensor,
+    grad: torch.Tensor,
+    kernel: list[int],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+) -> torch.Tensor:
+    """``w_grad[o, c, k] = sum_n sum_i x[n, c, i*stride + k*dilation - padding] * grad[n, o, i]`` for
+    ``x`` [N, C, *S] and ``grad`` [N, O, *S_out]: one grouped convolution in which the batch is the
+    summed channel dim and ``grad`` the kernel (stride and dilation trade places), then the kernel's
+    window of its output. Returns [O, C / groups, *kernel]."""
+    n, c = x.shape[:2]
+    o = grad.shape[1]
+    spatial = list(range(3, 3 + len(kernel)))
+    # [N, C, *S] -> [C/g, g*N, *S]: group j's samples are input channels j*N .. (j+1)*N
+    x_t = (
+        x.reshape(n, groups, c // groups, *x.shape[2:])
+        .permute(2, 1, 0, *spatial)
+        .reshape(c // groups, groups * n, *x.shape[2:])
+    )
+    # [N, O, *S_out] -> [O, N, *S_out]: output channel o reads its own group's samples
+    grad_t = (
+        grad.reshape(n, groups, o // groups, *grad.shape[2:]).permute(1, 2, 0, *spatial).reshape(o, n, *grad.shape[2:])
+    )
+    zeros = [0] * len(kernel)
+    full: torch.Tensor = aten.convolution.default(x_t, grad_t, None, dilation, padding, stride, False, zeros, groups)
+    for d, k in enumerate(kernel):
+        full = full.narrow(2 + d, 0, k)  # [C/g, O, *kernel]
+    return full.transpose(0, 1)
+
+
+def _convolution_backward(
+    grad_output: torch.Tensor,
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias_sizes: Any,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    transposed: bool,
+    output_padding: list[int],
+    groups: int,
+    output_mask: list[bool],
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """The gradients of a convolution as convolutions: the input's through the transposed product
+    (or, for a transposed convolution, the plain one), the weight's by :func:`_weight_gradient`, the
+    bias's as a sum."""
+    kernel = list(weight.shape[2:])
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        if transposed:
+            zeros = [0] * len(kernel)
+            grad_input = aten.convolution.default(
+                grad_output, weight, None, stride, padding, dilation, False, zeros, groups
+            )
+        else:
+            # output padding gives back the input positions the forward's stride rounded away
+            extra = [
+                input.shape[2 + d]
+                - ((grad_output.shape[2 + d] - 1) * stride[d] - 2 * padding[d] + dilation[d] * (kernel[d] - 1) + 1)
+                for d in range(len(kernel))
+            ]
+            grad_input = aten.convolution.default(
+                grad_output, weight, None, stride, padding, dilation, True, extra, groups
+            )
+    if output_mask[1]:
+        if transposed:  # the transposed convolution's kernel meets the roles of input and gradient swapped
+            grad_weight = _weight_gradient(grad_output, input, kernel, stride, padding, dilation, groups)
+        else:
+            grad_weight = _weight_gradient(input, grad_output, kernel, stride, padding, dilation, groups)
+    if output_mask[2]:
+        grad_bias = grad_output.sum([0, *range(2, grad_output.dim())])
+    return grad_input, grad_weight, grad_bias
+
+
+def _flash_attention_backward(
+    grad_out: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    out: torch.Tensor,
+    logsumexp: torch.Tensor,
+    dropout_p: float,
+    is_causal: bool,
+    *,
+    attn_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> Any:
+    """Attention's gradients from its saved output and log-sum-exp, as matmuls and elementwise ops
+    (FlashAttention's backward, unfused): ``P = exp(S - lse)``, ``dV = Pᵀ dO``,
+    ``dS = P (dO Vᵀ - rowsum(dO O))``, ``dQ = dS K scale``, ``dK = dSᵀ Q scale``. Key and value heads
+    shared by groups of query heads get the sum over their group. With dropout the mask is gone: the
+    op stays whole (and falls back where the engine lacks it)."""
+    if dropout_p != 0.0:
+        return NotImplemented
+    dtype = query.dtype
+    # q: [B, H, L, E], k: [B, Hk, S, E], v: [B, Hk, S, Ev], out and grad_out: [B, H, L, Ev], lse: [B, H, L]
+    q, k, v, o, d_o = (t.float() for t in (query, key, value, out, grad_out))
+    heads, kv_heads = q.shape[1], k.shape[1]
+    group = heads // kv_heads
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scores = q @ k.transpose(-2, -1) * scale  # [B, H, L, S]
+    if is_causal:
+        length, source = scores.shape[-2:]
+        allowed = torch.ones(length, source, dtype=torch.bool, device=scores.device).tril()
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask.float()
+    lse = logsumexp.float().unsqueeze(-1)
+    # rows that attend to nothing (lse = -inf) have no gradient
+    probs = torch.where(lse == float("-inf"), 0.0, torch.exp(scores - lse))
+    d_v = probs.transpose(-2, -1) @ d_o
+    d_scores = probs * (d_o @ v.transpose(-2, -1) - (d_o * o).sum(-1, keepdim=True))
+    d_q = d_scores @ k * scale
+    d_k = d_scores.transpose(-2, -1) @ q * scale
+    if group > 1:
+        d_k = d_k.reshape(d_k.shape[0], kv_heads, group, *d_k.shape[2:]).sum(2)
+        d_v = d_v.reshape(d_v.shape[0], kv_heads, group, *d_v.shape[2:]).sum(2)
+    return d_q.to(dtype), d_k.to(dtype), d_v.to(dtype)
+
+
+# core's own decompositions (PyTorch has none for these), used like those of WHEN_MISSING
+OWN: dict[Any, Callable[..., Any]] = {
+    aten.convolution_backward.default: _convolution_backward,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _flash_attention_backward,
+}
 
 
 @functools.cache
 def _available() -> dict[Any, Callable[..., Any]]:
-    return {op: _torch_table[op] for op in WHEN_MISSING if op in _torch_table}
+    return {**{op: _torch_table[op] for op in WHEN_MISSING if op in _torch_table}, **OWN}
 
 
 def for_missing_ops(lowered: Any, keep_whole: frozenset[Any]) -> dict[Any, Callable[..., Any]]:
