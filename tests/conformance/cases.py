@@ -138,6 +138,9 @@ def _(g):  # type: ignore[no-untyped-def]
             (a > 0).all(-1),
             (a > 2).any(),
             a.sum(),
+            torch.var_mean(a, 1),
+            a.max(1),
+            a.min(-1, keepdim=True),
         )
 
     return f, (_r(g, 3, 5, 7),)
@@ -278,6 +281,15 @@ def _(g):  # type: ignore[no-untyped-def]
         )
 
     return f, (_r(g, 2, 8, 3, 3), _r(g, 3, 4))
+
+
+@case("flip_repeat")
+def _(g):  # type: ignore[no-untyped-def]
+    def f(a: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        flipped = a.flip(0, 2), a.flip(-1) * 2
+        return *flipped, a.repeat(2, 1, 3), a[0].repeat(2, 1, 1), torch.as_strided_copy(a, (3, 4), (1, 5))
+
+    return f, (_r(g, 3, 4, 5),)
 
 
 @case("cat_stack_pad")

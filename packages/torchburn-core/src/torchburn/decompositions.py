@@ -51,6 +51,8 @@ WHEN_MISSING: tuple[Any, ...] = (
     aten.upsample_trilinear3d.default,
     # bit-level math -> arithmetic
     aten.ldexp.Tensor,
+    # repetition -> expand and a copy
+    aten.repeat.default,
     # training's gradients -> the forward ops' own primitives
     aten.max_pool2d_with_indices_backward.default,  # a scatter-add of the gradients to the argmax
 )
@@ -184,8 +186,23 @@ def _flash_attention_backward(
     return d_q.to(dtype), d_k.to(dtype), d_v.to(dtype)
 
 
-# core's own decompositions (PyTorch has none for these), used like those of WHEN_MISSING
+def _flip(x: torch.Tensor, dims: list[int]) -> torch.Tensor:
+    """``flip`` as a gather along each flipped dim (PyTorch's own decomposition ends in a prim)."""
+    for d in dims:
+        size = x.shape[d]
+        x = aten.index_select.default(x, d, torch.arange(size - 1, -1, -1, device=x.device))
+    return x if dims else x.clone()
+
+
+def _as_strided_copy(x: torch.Tensor, size: list[int], stride: list[int], storage_offset: int | None = None) -> Any:
+    return aten.as_strided.default(x, size, stride, storage_offset).clone(memory_format=torch.contiguous_format)
+
+
+# core's own decompositions (PyTorch has none for these, or none into ATen ops), used like those of
+# WHEN_MISSING
 OWN: dict[Any, Callable[..., Any]] = {
+    aten.flip.default: _flip,
+    aten.as_strided_copy.default: _as_strided_copy,
     aten.convolution_backward.default: _convolution_backward,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _flash_attention_backward,
 }

@@ -64,6 +64,11 @@ TEMPLATES: dict[str, str | dict[ComputeType, str]] = {
     "expm1": {"f32": "select(exp({0}) - 1.0, {0} + 0.5 * {0} * {0}, abs({0}) < 1e-4)"},
     "log1p": {"f32": "select(log(1.0 + {0}), {0} - 0.5 * {0} * {0}, abs({0}) < 1e-4)"},
     "is_nan": {"f32": "tb_isnan({0})", "f64": "tb_isnan64({0})"},
+    "is_inf": {"f32": "(abs({0}) == bitcast<f32>(0x7f800000u))"},
+    "is_finite": {"f32": "((bitcast<u32>({0}) & 0x7f800000u) != 0x7f800000u)"},
+    "signbit": {"f32": "((bitcast<u32>({0}) & 0x80000000u) != 0u)"},
+    # 1 - erf(x) keeps erfc's absolute error; its relative error grows in the far tail (x > 3)
+    "erfc": {"f32": "(1.0 - tb_erf({0}))"},
     "logical_not": {"bool": "(!{0})"},
     "add": "({0} + {1})",
     "sub": "({0} - {1})",
@@ -71,6 +76,11 @@ TEMPLATES: dict[str, str | dict[ComputeType, str]] = {
     "div": {"f32": "({0} / {1})"},
     "pow": {"f32": "tb_pow({0}, {1})"},
     "atan2": {"f32": "atan2({0}, {1})"},
+    "copysign": {"f32": "select(abs({0}), -abs({0}), (bitcast<u32>({1}) & 0x80000000u) != 0u)"},
+    "hypot": {"f32": "tb_hypot({0}, {1})"},
+    # NaN-ignoring: a NaN operand yields the other one
+    "fmax": {"f32": "select(select(max({0}, {1}), {0}, tb_isnan({1})), {1}, tb_isnan({0}))"},
+    "fmin": {"f32": "select(select(min({0}, {1}), {0}, tb_isnan({1})), {1}, tb_isnan({0}))"},
     "maximum": {"f32": "tb_max({0}, {1})", "f64": "tb_max64({0}, {1})", "int": "max({0}, {1})"},
     "minimum": {"f32": "tb_min({0}, {1})", "f64": "tb_min64({0}, {1})", "int": "min({0}, {1})"},
     # integers: WGSL's `/` truncates; floor division steps down when the signs differ and it is inexact

@@ -83,6 +83,7 @@ UNARY_FLOAT = {
     aten.sign.default: "sign",
     aten.expm1.default: "expm1",
     aten.log1p.default: "log1p",
+    aten.erfc.default: "erfc",
 }
 
 
@@ -153,6 +154,10 @@ FLOAT_BINARY = {
     aten.pow.Tensor_Scalar: "pow",
     aten.pow.Scalar: "pow",
     aten.atan2.default: "atan2",
+    aten.copysign.Tensor: "copysign",
+    aten.hypot.default: "hypot",
+    aten.fmax.default: "fmax",
+    aten.fmin.default: "fmin",
 }
 
 
@@ -305,6 +310,22 @@ def _isnan(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
     if kind_of(args[0]) in ("int", "bool"):  # integers are never NaN
         return result(constant(False, "bool"), out)
     return function(p, "is_nan", args[:1], out, compute=kind_of(args[0]))
+
+
+FLOAT_TESTS = {aten.isinf.default: "is_inf", aten.isfinite.default: "is_finite", aten.signbit.default: "signbit"}
+
+
+@lower(FLOAT_TESTS, family=Family.COMPARISON, dtypes=ALL)
+def _float_test(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    """isinf, isfinite, signbit: of integers, as PyTorch answers them without looking at the bits."""
+    out = p.out_meta()
+    fn = FLOAT_TESTS[node.target]
+    if kind_of(args[0]) in ("int", "bool"):
+        if fn == "signbit":
+            (x,) = operands(p, args[:1], shape_of(out), "int")
+            return result(expr.apply("lt", x, constant(0, "int")), out)
+        return result(constant(fn == "is_finite", "bool"), out)
+    return function(p, fn, args[:1], out, compute=kind_of(args[0]))
 
 
 @lower(aten.round.decimals, family=Family.ELEMENTWISE, dtypes=F32)

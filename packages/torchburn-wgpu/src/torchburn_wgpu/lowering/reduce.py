@@ -7,11 +7,11 @@ from typing import Any
 
 import torch
 
-from torchburn.planning import Family, expr
+from torchburn.planning import Family, Layout, expr
 
 from ..kernels import INT_REDUCTIONS, Launch, grid, params, reduce_source
 from ..planner import Lazy, PlanError, Planner
-from ..values import INTEGER_DTYPES, WGSL_TYPES, Value, numel
+from ..values import INTEGER_DTYPES, WGSL_TYPES, Value, contiguous, numel
 from . import ANY, F32, FxNode, lower, shape_of
 
 aten = torch.ops.aten
@@ -98,21 +98,56 @@ def _var_check(spec: Any) -> bool | str:
     return True if x is not None and x.dtype == torch.float32 else "variance of a non-float32 tensor"
 
 
-# keepdim: through the output's shape
-@lower(aten.var.correction, family=Family.REDUCE, dtypes=F32, check=_var_check, reads=("keepdim",))
-def _var(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
-    """Two passes, as PyTorch does: the mean, then the mean square deviation from it (no cancellation)."""
-    out = p.out_meta()
+def _variance(
+    p: Planner, node: FxNode, args: Sequence[Any], out_shape: tuple[int, ...], correction: Any
+) -> tuple[Lazy, Value]:
+    """(variance, mean): two passes, as PyTorch does: the mean, then the mean square deviation from it
+    (no cancellation). The mean is kept in the reduced dims' place, for ``var_mean`` to reshape."""
     x = p.materialize(args[0])
     dims = _dims(node, args, x.rank)
     keep_shape = tuple(1 if d in dims else s for d, s in enumerate(x.shape))
     n = numel([x.shape[d] for d in dims])
-    correction = node.kwargs.get("correction", 1)
     correction = 1 if correction is None else float(correction)
     mean = reduce(p, "mean", x, dims, keep_shape, torch.float32)
     centred = expr.apply("sub", expr.cast(p.lazy(x, x.shape), "f32"), p.lazy(mean, x.shape))
     square = Lazy(expr.apply("square", centred), torch.float32, x.shape)
-    total = reduce(p, "sum", p.materialize(square), dims, shape_of(out), torch.float32)
+    total = reduce(p, "sum", p.materialize(square), dims, out_shape, torch.float32)
     divisor = max(n - correction, 0.0)
     quotient = expr.apply("div", p.lazy(total, total.shape), p.lazy(divisor, total.shape))
-    return Lazy(quotient, torch.float32, total.shape)
+    return Lazy(quotient, torch.float32, total.shape), mean
+
+
+# keepdim: through the output's shape
+@lower(aten.var.correction, family=Family.REDUCE, dtypes=F32, check=_var_check, reads=("keepdim",))
+def _var(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    return _variance(p, node, args, shape_of(p.out_meta()), node.kwargs.get("correction", 1))[0]
+
+
+# keepdim: through the outputs' shape
+@lower(aten.var_mean.correction, family=Family.REDUCE, dtypes=F32, check=_var_check, reads=("keepdim",))
+def _var_mean(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> tuple[Lazy, Value]:
+    var_meta, mean_meta = p.out_meta()
+    variance, mean = _variance(p, node, args, shape_of(var_meta), node.kwargs.get("correction", 1))
+    return variance, mean.with_view(Layout(shape_of(mean_meta), contiguous(shape_of(mean_meta)), mean.offset))
+
+
+EXTREMES = {aten.max.dim: ("amax", "argmax"), aten.min.dim: ("amin", "argmin")}
+
+
+def _extreme_check(spec: Any) -> bool | str:
+    x = spec.inputs[0]
+    if x is None or (x.dtype != torch.float32 and x.dtype not in INTEGER_DTYPES):
+        return f"{spec.target} of a {x.dtype if x is not None else 'non-tensor'}"
+    return True
+
+
+# keepdim: through the outputs' shape
+@lower(EXTREMES, family=Family.REDUCE, dtypes=ANY, check=_extreme_check, reads=("keepdim",))
+def _extreme(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> tuple[Value, Value]:
+    """max.dim / min.dim: the value and its first position (a NaN wins, as in eager), one pass each."""
+    values_meta, indices_meta = p.out_meta()
+    x = p.materialize(args[0])
+    dims = _dims(node, args, x.rank)
+    value_kind, index_kind = EXTREMES[node.target]
+    values = reduce(p, value_kind, x, dims, shape_of(values_meta), values_meta.dtype)
+    return values, reduce(p, index_kind, x, dims, shape_of(indices_meta), torch.int64)

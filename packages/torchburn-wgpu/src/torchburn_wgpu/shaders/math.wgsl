@@ -78,3 +78,22 @@ fn tb_min(a: f32, b: f32) -> f32 {
     }
     return min(a, b);
 }
+
+// sqrt(a² + b²) without overflow or underflow in the squares; infinite if either is, else NaN if either is
+fn tb_hypot(a: f32, b: f32) -> f32 {
+    let x = abs(a);
+    let y = abs(b);
+    let inf = bitcast<f32>(0x7f800000u);
+    if (x == inf || y == inf) {
+        return inf;
+    }
+    if (tb_isnan(x) || tb_isnan(y)) {
+        return tb_nan();
+    }
+    let big = max(x, y);
+    if (big == 0.0) {
+        return 0.0;
+    }
+    let ratio = min(x, y) / big;
+    return big * sqrt(1.0 + ratio * ratio);
+}
