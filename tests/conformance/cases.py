@@ -301,6 +301,24 @@ def _(g):  # type: ignore[no-untyped-def]
 
 
 # --- indexing ------------------------------------------------------------------------------------
+@case("index_put")
+def _(g):  # type: ignore[no-untyped-def]
+    rows = torch.tensor([3, 0, -1])  # distinct positions: with repeats the value that stays is unspecified
+    cols = torch.tensor([1, 4, 2])
+
+    def f(a: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        b = a.clone()
+        b[rows] = v[0]  # whole rows, the value broadcast
+        c = a.clone()
+        c[rows, cols] = v[:, 0]  # single elements
+        d = a.clone()
+        d[:, cols] = v[0, :3] * 2  # a later dim, the values broadcast over rows
+        e = torch.index_put(a, (rows,), torch.tensor(-1.0))  # a 0-d value
+        return b, c, d, e
+
+    return f, (_r(g, 5, 6), _r(g, 3, 6))
+
+
 @case("indexing")
 def _(g):  # type: ignore[no-untyped-def]
     torch.manual_seed(0)

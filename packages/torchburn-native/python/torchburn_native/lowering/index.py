@@ -225,31 +225,47 @@ def scatter_add(p: Planner, node: Any, x: Tensorish, dim: int, idx: Tensorish, s
 
 def _index_put_layout(node: Any) -> bool | str:
     indices = node.args[1]
-    if not indices or any(t is None for t in indices):
-        return "index_put needs index tensors on the leading dims"
+    if not indices or all(t is None for t in indices):
+        return "index_put without an index tensor"
     for t in indices:
-        if t.meta["val"].dtype not in INDEX_DTYPES:
+        if t is not None and t.meta["val"].dtype not in INDEX_DTYPES:
             return "boolean-mask index_put not supported"
     return True
 
 
 @lower(aten.index_put.default, family=Family.INDEX, check=_index_put_layout)
 def index_put(
-    p: Planner, node: Any, x: Tensorish, indices: list[Tensorish], values: Tensorish, accumulate: bool = False
+    p: Planner, node: Any, x: Tensorish, indices: list[Tensorish | None], values: Tensorish, accumulate: bool = False
 ) -> Value:
     out = _copy_of(p, x)
-    tensors = [p.value(t) for t in indices]
+    indexed = [d for d, t in enumerate(indices) if t is not None]
+    tensors = [p.value(t) for t in indices if t is not None]
+    rest = [d for d in range(out.rank) if d not in indexed]
+    # the instruction takes index tensors on the leading dims: it writes through a view of the copy
+    # with the indexed dims moved to the front
+    order = indexed + rest
+    front = out.with_view(tuple(out.shape[d] for d in order), tuple(out.strides[d] for d in order), out.offset)
     bshape = broadcast_shapes(*(t.shape for t in tensors))
-    target = bshape + out.shape[len(tensors) :]
+    # PyTorch's shape of x[indices], which values broadcast to: the index dims in place of adjacent
+    # indexed dims, else first
+    adjacent = indexed == list(range(indexed[0], indexed[-1] + 1))
+    pre = [d for d in rest if d < indexed[0]] if adjacent else []
+    post = [d for d in rest if d not in pre]
+    natural = (*(out.shape[d] for d in pre), *bshape, *(out.shape[d] for d in post))
     vv = p.value(values)
     if vv.dtype != out.dtype:
         vv = p.contiguous(vv, out.dtype)
+    steps = broadcast_strides(vv, natural)
+    # values in the instruction's order: the index dims, then the rest in order
+    n_pre, n_b = len(pre), len(bshape)
+    value_strides = (*steps[n_pre : n_pre + n_b], *steps[:n_pre], *steps[n_pre + n_b :])
+    target = (*bshape, *(out.shape[d] for d in rest))
     p.emit(
         {
             "kind": "index_put",
-            "out": out.operand(),
+            "out": front.operand(),
             "indices": [t.operand(bshape, broadcast_strides(t, bshape)) for t in tensors],
-            "values": vv.operand(target, broadcast_strides(vv, target)),
+            "values": vv.operand(target, value_strides),
             "accumulate": bool(accumulate),
         },
         [out, vv, *tensors],

@@ -14,7 +14,7 @@ from torchburn.planning import Expr, Family, expr
 from ..kernels import Launch, grid, params
 from ..planner import Lazy, PlanError, Planner, constant
 from ..shaders import source
-from ..values import WGSL_TYPES, Value
+from ..values import WGSL_TYPES, Value, broadcast_strides
 from . import ANY, FxNode, lower, shape_of
 
 aten = torch.ops.aten
@@ -126,16 +126,19 @@ def _index(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
     return _index_many(p, x, given, out)
 
 
-def _index_many(p: Planner, x: Value, given: list[tuple[int, Value]], out: Any) -> Value:
-    """``x[i, j, ...]`` with several index tensors: their element offsets are summed into one index
-    tensor first (an elementwise kernel, which also marks a position out of range with a negative
-    offset the gather then reports), then one gather with unit stride."""
+def _offsets(
+    p: Planner, shape: Sequence[int], strides: Sequence[int], given: list[tuple[int, Value]]
+) -> tuple[Value, tuple[int, ...]]:
+    """The element offsets that index tensors ``given`` (dim, indices) select in a tensor of ``shape``
+    and ``strides``, summed into one int32 tensor of their broadcast shape by an elementwise kernel; a
+    position out of range gets a negative offset, which the index kernel reports. Returns the offsets
+    and the broadcast shape."""
     shapes = [tuple(i.shape) for _, i in given]
     batch: tuple[int, ...] = tuple(torch.Size(torch.broadcast_shapes(*shapes)))  # type: ignore[no-untyped-call]
     linear: Expr = constant(0, "int")
     valid: Expr = constant(True, "bool")
     for dim, idx in given:
-        size, stride = x.shape[dim], x.strides[dim]
+        size, stride = shape[dim], strides[dim]
         i = expr.cast(p.lazy(idx, batch), "int")
         wrapped = expr.where(expr.apply("lt", i, constant(0, "int")), expr.apply("add", i, constant(size, "int")), i)
         linear = expr.apply("add", linear, expr.apply("mul", wrapped, constant(stride, "int")))
@@ -146,16 +149,24 @@ def _index_many(p: Planner, x: Value, given: list[tuple[int, Value]], out: Any) 
         )
         valid = expr.apply("logical_and", valid, in_range)
     offsets = expr.where(valid, linear, constant(-(2**31), "int"))
-    index = p.materialize(Lazy(offsets, torch.int32, batch))
+    return p.materialize(Lazy(offsets, torch.int32, batch)), batch
+
+
+def _around(rank: int, indexed: list[int]) -> tuple[list[int], list[int]]:
+    """The dims before and after the broadcast index dims in ``x[i, j, ...]``: adjacent indexed dims
+    are replaced in place, others (PyTorch's rule) go first."""
+    rest = [d for d in range(rank) if d not in indexed]
+    if indexed == list(range(indexed[0], indexed[-1] + 1)):
+        return [d for d in rest if d < indexed[0]], [d for d in rest if d > indexed[-1]]
+    return [], rest
+
+
+def _index_many(p: Planner, x: Value, given: list[tuple[int, Value]], out: Any) -> Value:
+    """``x[i, j, ...]`` with several index tensors: their element offsets summed into one index tensor
+    (:func:`_offsets`), then one gather with unit stride."""
+    index, batch = _offsets(p, x.shape, x.strides, given)
     result = p.new_value(shape_of(out), x.dtype)
-    indexed = [d for d, _ in given]
-    rest = [d for d in range(x.rank) if d not in indexed]
-    adjacent = indexed == list(range(indexed[0], indexed[-1] + 1))
-    if adjacent:  # the broadcast index dims replace the indexed ones in place
-        pre = [d for d in rest if d < indexed[0]]
-        post = [d for d in rest if d > indexed[-1]]
-    else:  # PyTorch puts them first
-        pre, post = [], rest
+    pre, post = _around(x.rank, [d for d, _ in given])
     shape = [*(x.shape[d] for d in pre), *batch, *(x.shape[d] for d in post)]
     src_steps = [*(x.strides[d] for d in pre), *([0] * len(batch)), *(x.strides[d] for d in post)]
     index_steps = [*([0] * len(pre)), *index.strides, *([0] * len(post))]
@@ -169,6 +180,51 @@ def _index_many(p: Planner, x: Value, given: list[tuple[int, Value]], out: Any) 
         shape=shape,
         steps=(src_steps, index_steps, list(result.strides)),
         offsets=(x.offset, index.offset, 0),
+    )
+    return result
+
+
+def _index_put_check(spec: Any) -> bool | str:
+    accumulate = spec.args[3] if len(spec.args) > 3 else spec.kwargs.get("accumulate", False)
+    if accumulate:
+        return "index_put with accumulate=True (repeated positions need atomic float adds)"
+    indices = [i for i in spec.args[1] if i is not None]
+    if not indices:
+        return "index_put without an index tensor"
+    if any(i.meta["val"].dtype not in (torch.int64, torch.int32) for i in indices):
+        return "index_put by a boolean mask (the positions depend on the values)"
+    return True
+
+
+@lower(aten.index_put.default, family=Family.INDEX, dtypes=ANY, check=_index_put_check)
+def _index_put(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
+    """``x[i, j, ...] = values`` on a copy of ``x``: the offsets of the indexed positions in the copy
+    (:func:`_offsets`), then one scatter of ``values`` broadcast to the indexed shape. Where positions
+    repeat, which value stays is unspecified (as in PyTorch)."""
+    accumulate = args[3] if len(args) > 3 else node.kwargs.get("accumulate", False)
+    assert not accumulate  # declined by the check
+    out = p.out_meta()
+    result = p.new_value(shape_of(out), out.dtype)
+    p.materialize(Lazy(p.lazy(args[0], result.shape), out.dtype, result.shape), out=result)
+    given = [(d, _index_value(p, i)) for d, i in enumerate(args[1]) if i is not None]
+    index, batch = _offsets(p, result.shape, result.strides, given)
+    pre, post = _around(result.rank, [d for d, _ in given])
+    shape = (*(result.shape[d] for d in pre), *batch, *(result.shape[d] for d in post))
+    values = p.materialize(Lazy(p.lazy(args[2], shape), out.dtype, shape)) if args[2].dtype != out.dtype else None
+    src = values if values is not None else p.materialize(args[2])
+    out_steps = [*(result.strides[d] for d in pre), *([0] * len(batch)), *(result.strides[d] for d in post)]
+    index_steps = [*([0] * len(pre)), *index.strides, *([0] * len(post))]
+    _launch(
+        p,
+        result,
+        src,
+        index,
+        bound=2**31 - 1,
+        gather_stride=1,
+        shape=shape,
+        steps=(list(broadcast_strides(src, shape)), index_steps, out_steps),
+        offsets=(src.offset, index.offset, 0),
+        scatter=True,
     )
     return result
 
