@@ -301,6 +301,26 @@ def _(g):  # type: ignore[no-untyped-def]
 
 
 # --- indexing ------------------------------------------------------------------------------------
+@case("scatter_combine")
+def _(g):  # type: ignore[no-untyped-def]
+    idx = _i(g, 4, 6, 3)  # repeated positions: each reduction must see every value
+    rows = torch.tensor([1, 3, 1, 0, 3])
+
+    def f(a: torch.Tensor, src: torch.Tensor, ints: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            a.scatter_add(0, idx, src),
+            a.scatter_reduce(0, idx, src, "sum"),
+            a.scatter_reduce(0, idx, src, "prod"),
+            a.scatter_reduce(0, idx, src, "amax"),
+            a.scatter_reduce(0, idx, src, "amin"),
+            ints.scatter_add(0, idx, ints[:1].expand(6, 3).contiguous()),
+            torch.index_put(a, (rows,), src[:5], accumulate=True),
+            a.index_add(0, rows, src[:5] * 0.5),
+        )
+
+    return f, (_r(g, 4, 3), _r(g, 6, 3), _i(g, 9, 4, 3))
+
+
 @case("index_put")
 def _(g):  # type: ignore[no-untyped-def]
     rows = torch.tensor([3, 0, -1])  # distinct positions: with repeats the value that stays is unspecified

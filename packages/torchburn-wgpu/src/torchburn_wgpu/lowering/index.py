@@ -20,6 +20,46 @@ from . import ANY, FxNode, lower, shape_of
 aten = torch.ops.aten
 
 
+# scatter_reduce's reductions as a function of the old and the new value, by compute type
+COMBINE = {
+    "sum": {"f32": "a + b", "i32": "a + b"},
+    "prod": {"f32": "a * b", "i32": "a * b"},
+    "amax": {"f32": "tb_max(a, b)", "i32": "max(a, b)"},
+    "amin": {"f32": "tb_min(a, b)", "i32": "min(a, b)"},
+}
+
+
+def _bodies(mode: str, wgsl_type: str, combine: str | None) -> dict[str, str]:
+    """The fills of ``index.wgsl`` for a gather, a plain scatter or a combining one."""
+    if mode == "gather":
+        return {
+            "OUT_ELEMENT": wgsl_type,
+            "GATHER_ZERO": f"out[o] = {wgsl_type}(0);",
+            "BODY": "out[o] = src[s + moved];",
+        }
+    if mode == "scatter":
+        return {"OUT_ELEMENT": wgsl_type, "GATHER_ZERO": "", "BODY": "out[o + moved] = src[s];"}
+    if wgsl_type not in ("f32", "i32") or combine is None:
+        raise PlanError(f"a combining scatter of {wgsl_type}")
+    bits = "u32" if wgsl_type == "f32" else "i32"
+    read, write = ("bitcast<f32>(old)", "bitcast<u32>") if wgsl_type == "f32" else ("old", "")
+    body = "\n".join(
+        [
+            "let place = o + moved;",
+            "    let value = src[s];",
+            "    var old = atomicLoad(&out[place]);",
+            "    loop {",
+            f"        let swapped = atomicCompareExchangeWeak(&out[place], old, {write}(combine({read}, value)));",
+            "        if (swapped.exchanged) {",
+            "            break;",
+            "        }",
+            "        old = swapped.old_value;",
+            "    }",
+        ]
+    )
+    return {"OUT_ELEMENT": f"atomic<{bits}>", "GATHER_ZERO": "", "BODY": body}
+
+
 def _launch(
     p: Planner,
     out: Value,
@@ -31,8 +71,11 @@ def _launch(
     shape: Sequence[int],
     steps: tuple[Sequence[int], Sequence[int], Sequence[int]],
     offsets: tuple[int, int, int],
-    scatter: bool = False,
+    mode: str = "gather",
+    combine: str | None = None,
 ) -> None:
+    """One ``index.wgsl`` pass: ``mode`` gather (out[o] = src[s + at]), scatter (out[o + at] = src[s])
+    or combine (out[o + at] = combine(out[o + at], src[s]), ``combine`` a key of :data:`COMBINE`)."""
     count = 1
     for s in shape:
         count *= s
@@ -40,7 +83,11 @@ def _launch(
         return
     src_steps, index_steps, out_steps = steps
     words = [count, bound, gather_stride, *offsets, *shape, *src_steps, *index_steps, *out_steps]
-    code = source("index", TYPE=WGSL_TYPES[out.dtype], RANK=str(len(shape)), SCATTER="true" if scatter else "false")
+    wgsl_type = WGSL_TYPES[out.dtype]
+    rule = COMBINE[combine].get(wgsl_type, "a") if combine is not None else "a"
+    fills = _bodies(mode, wgsl_type, combine)
+    modes = {"gather": "0", "scatter": "1", "combine": "2"}
+    code = source("index", TYPE=wgsl_type, RANK=str(len(shape)), MODE=modes[mode], COMBINE=rule, **fills)
     slots = [out.slot, src.slot, index.slot, p.error_flag()]
     p.launches.append(Launch("index", code, slots, params(words), grid(-(-count // 256)), writes=1))
 
@@ -186,8 +233,8 @@ def _index_many(p: Planner, x: Value, given: list[tuple[int, Value]], out: Any) 
 
 def _index_put_check(spec: Any) -> bool | str:
     accumulate = spec.args[3] if len(spec.args) > 3 else spec.kwargs.get("accumulate", False)
-    if accumulate:
-        return "index_put with accumulate=True (repeated positions need atomic float adds)"
+    if accumulate and _combinable(spec) is not True:
+        return _combinable(spec)
     indices = [i for i in spec.args[1] if i is not None]
     if not indices:
         return "index_put without an index tensor"
@@ -200,9 +247,8 @@ def _index_put_check(spec: Any) -> bool | str:
 def _index_put(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
     """``x[i, j, ...] = values`` on a copy of ``x``: the offsets of the indexed positions in the copy
     (:func:`_offsets`), then one scatter of ``values`` broadcast to the indexed shape. Where positions
-    repeat, which value stays is unspecified (as in PyTorch)."""
+    repeat, which value stays is unspecified (as in PyTorch); with ``accumulate`` they all add up."""
     accumulate = args[3] if len(args) > 3 else node.kwargs.get("accumulate", False)
-    assert not accumulate  # declined by the check
     out = p.out_meta()
     result = p.new_value(shape_of(out), out.dtype)
     p.materialize(Lazy(p.lazy(args[0], result.shape), out.dtype, result.shape), out=result)
@@ -224,7 +270,8 @@ def _index_put(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
         shape=shape,
         steps=(list(broadcast_strides(src, shape)), index_steps, out_steps),
         offsets=(src.offset, index.offset, 0),
-        scatter=True,
+        mode="combine" if accumulate else "scatter",
+        combine="sum" if accumulate else None,
     )
     return result
 
@@ -250,14 +297,15 @@ def _gather(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
     return result
 
 
-@lower(aten.scatter.src, family=Family.INDEX, dtypes=ANY)
-def _scatter(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
-    """A copy of ``x``, then each ``src`` element written where its index says along ``dim``. Where two
-    elements land on one place, which one stays is unspecified (as in PyTorch)."""
+def _scatter_into_copy(p: Planner, args: Sequence[Any], combine: str | None) -> Value:
+    """A copy of ``x``, then each ``src`` element written (or, with ``combine``, folded) where its
+    index says along ``dim``."""
     out = p.out_meta()
     x, idx, src = args[0], _index_value(p, args[2]), p.materialize(args[3])
     result = p.new_value(shape_of(out), out.dtype)
     p.materialize(Lazy(p.lazy(x, result.shape), out.dtype, result.shape), out=result)
+    if src.dtype != result.dtype:
+        src = p.materialize(Lazy(p.lazy(src, src.shape), result.dtype, src.shape))
     dim = args[1] % max(result.rank, 1)
     out_steps = [0 if d == dim else s for d, s in enumerate(result.strides)]
     _launch(
@@ -270,6 +318,43 @@ def _scatter(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
         shape=list(idx.shape),
         steps=(list(src.strides), list(idx.strides), out_steps),
         offsets=(src.offset, idx.offset, 0),
-        scatter=True,
+        mode="scatter" if combine is None else "combine",
+        combine=combine,
     )
     return result
+
+
+@lower(aten.scatter.src, family=Family.INDEX, dtypes=ANY)
+def _scatter(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
+    """Where two elements land on one place, which one stays is unspecified (as in PyTorch)."""
+    return _scatter_into_copy(p, args, None)
+
+
+def _combinable(spec: Any) -> bool | str:
+    out = spec.outputs[0]
+    if out is None or out.dtype not in (torch.float32, torch.int32, torch.int64):
+        return f"a combining scatter into {out.dtype if out is not None else 'nothing'}"
+    return True
+
+
+@lower(aten.scatter_add.default, family=Family.INDEX, dtypes=ANY, check=_combinable)
+def _scatter_add(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
+    """The sums land in an order the GPU picks: float results differ from eager's by rounding."""
+    return _scatter_into_copy(p, args, "sum")
+
+
+def _scatter_reduce_check(spec: Any) -> bool | str:
+    reduce = spec.args[4]
+    include_self = spec.args[5] if len(spec.args) > 5 else spec.kwargs.get("include_self", True)
+    if reduce not in COMBINE:
+        return f"scatter_reduce with reduce={reduce!r}"
+    if not include_self:
+        return "scatter_reduce with include_self=False"
+    return _combinable(spec)
+
+
+@lower(aten.scatter_reduce.two, family=Family.INDEX, dtypes=ANY, check=_scatter_reduce_check)
+def _scatter_reduce(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
+    include_self = args[5] if len(args) > 5 else node.kwargs.get("include_self", True)
+    assert include_self  # declined by the check otherwise
+    return _scatter_into_copy(p, args, args[4])

@@ -53,7 +53,16 @@ SAMPLES: dict[str, dict[str, str]] = {
     "attention": {"MASK_TYPE": "f32", "MASK_BOOL": "false"},
     "conv": {"ACC_DECLARE": "", "ACC_UPDATE": "", "ACC_STORE": ""},
     "pool": {"MAX": "true"},
-    "index": {"TYPE": "f32", "RANK": "2", "SCATTER": "false"},
+    "index": {
+        "TYPE": "f32",
+        "RANK": "2",
+        "MODE": "2",
+        "COMBINE": "tb_max(a, b)",
+        "OUT_ELEMENT": "atomic<u32>",
+        "GATHER_ZERO": "",
+        "BODY": "let t = o + moved;\n"
+        "    atomicStore(&out[t], bitcast<u32>(combine(bitcast<f32>(atomicLoad(&out[t])), src[s])));",
+    },
     "softmax": {"OUTER_RANK": "1", "LOG": "false", "IN_REGISTERS": "false", "IN_REGISTERS_BODY": ""},
     "norm": {},
     "scan": {
