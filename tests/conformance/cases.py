@@ -192,6 +192,26 @@ def _(g):  # type: ignore[no-untyped-def]
     return f, (a, long, _i(g, 9, 4, 6) - 4)
 
 
+@case("sorts")
+def _(g):  # type: ignore[no-untyped-def]
+    def f(a: torch.Tensor, ties: torch.Tensor, i: torch.Tensor) -> tuple[Any, ...]:
+        return (
+            # distinct values: without stable=True the order of equal ones is eager's own choice
+            torch.sort(a, -1),
+            torch.sort(a, 0, descending=True),
+            torch.topk(a, 3, -1),
+            torch.topk(a, 2, 0, largest=False),
+            # ties and NaNs: a stable order keeps them by position
+            torch.sort(ties, dim=1, stable=True),
+            torch.argsort(ties, dim=-1, descending=True, stable=True),
+            torch.sort(i, dim=-1, stable=True),
+        )
+
+    ties = _r(g, 4, 37).round(decimals=1)
+    ties.view(-1)[::11] = float("nan")
+    return f, (_r(g, 4, 37), ties, _i(g, 5, 3, 40))
+
+
 # --- matmul family -------------------------------------------------------------------------------
 @case("matmul_family")
 def _(g):  # type: ignore[no-untyped-def]

@@ -179,6 +179,18 @@ def scan_source(op: str, in_type: str, acc: str, length: int) -> str:
     )
 
 
+# the longest line sort.wgsl sorts: a key and a position per element in 16 KiB of workgroup memory
+SORT_MAX = 2048
+
+
+def sort_source(wgsl_type: str, length: int) -> str:
+    """``sort.wgsl`` for lines of ``length`` (at most :data:`SORT_MAX`) elements of ``wgsl_type``."""
+    size = 1 << max(length - 1, 0).bit_length()
+    return shaders.source(
+        "sort", TYPE=wgsl_type, SIZE=str(max(size, 2)), IS_NAN="tb_isnan(v)" if wgsl_type == "f32" else "false"
+    )
+
+
 SOFTMAX_PER_THREAD = 16  # registers per thread for a row held whole: rows up to 256 × 16 elements
 
 

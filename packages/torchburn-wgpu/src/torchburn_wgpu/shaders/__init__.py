@@ -65,6 +65,7 @@ SAMPLES: dict[str, dict[str, str]] = {
     },
     "softmax": {"OUTER_RANK": "1", "LOG": "false", "IN_REGISTERS": "false", "IN_REGISTERS_BODY": ""},
     "norm": {},
+    "sort": {"TYPE": "f32", "SIZE": "2048", "IS_NAN": "tb_isnan(v)"},
     "scan": {
         "ACC": "f32",
         "IN_TYPE": "f32",
