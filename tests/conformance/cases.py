@@ -321,6 +321,19 @@ def _(g):  # type: ignore[no-untyped-def]
 
 
 # --- indexing ------------------------------------------------------------------------------------
+@case("nonzero_static")
+def _(g):  # type: ignore[no-untyped-def]
+    def f(a: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        mask = a > 0.3
+        return (
+            torch.nonzero_static(mask, size=4),  # fewer places than nonzeros: the first ones
+            torch.nonzero_static(a * mask, size=40, fill_value=7),  # more: padded
+            torch.nonzero_static(mask[0, 0], size=3),
+        )
+
+    return f, (_r(g, 2, 3, 4),)
+
+
 @case("scatter_combine")
 def _(g):  # type: ignore[no-untyped-def]
     idx = _i(g, 4, 6, 3)  # repeated positions: each reduction must see every value

@@ -198,10 +198,33 @@ def _as_strided_copy(x: torch.Tensor, size: list[int], stride: list[int], storag
     return aten.as_strided.default(x, size, stride, storage_offset).clone(memory_format=torch.contiguous_format)
 
 
+def _nonzero_static(x: torch.Tensor, *, size: int, fill_value: int = -1) -> torch.Tensor:
+    """The first ``size`` nonzero positions of ``x`` in row-major order ([size, x.dim()], int64), padded
+    with ``fill_value``: each nonzero element's rank among them (a cumulative sum) is its row of the
+    result, written by one ``index_put``; elements past ``size`` and the zeros write to one extra row,
+    dropped at the end."""
+    rank = x.dim()
+    if rank == 0:
+        return torch.full((size, 0), fill_value, dtype=torch.int64, device=x.device)
+    nonzero = x.reshape(-1) != 0  # [N]
+    row = torch.cumsum(nonzero, 0) - 1  # [N]: the rank of each nonzero among them
+    row = torch.where(nonzero & (row < size), row, size)
+    position = torch.arange(nonzero.shape[0], device=x.device)
+    coordinates, step = [], 1
+    for extent in reversed(x.shape):
+        coordinates.append(torch.div(position, step, rounding_mode="floor") % extent)
+        step *= extent
+    found = torch.stack(coordinates[::-1], 1)  # [N, rank]
+    out = torch.full((size + 1, rank), fill_value, dtype=torch.int64, device=x.device)
+    written: torch.Tensor = aten.index_put.default(out, [row], found)
+    return written[:size]
+
+
 # core's own decompositions (PyTorch has none for these, or none into ATen ops), used like those of
 # WHEN_MISSING
 OWN: dict[Any, Callable[..., Any]] = {
     aten.flip.default: _flip,
+    aten.nonzero_static.default: _nonzero_static,
     aten.as_strided_copy.default: _as_strided_copy,
     aten.convolution_backward.default: _convolution_backward,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _flash_attention_backward,
