@@ -90,6 +90,43 @@ def _three_ops(x: torch.Tensor) -> torch.Tensor:
     return (x + 1).relu() * 2
 
 
+def _cumsum(x: torch.Tensor) -> torch.Tensor:
+    return torch.cumsum(x, dim=-1)
+
+
+def _var_mean(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.var_mean(x, dim=-1)
+
+
+def _sort(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.sort(x, dim=-1)
+
+
+def _topk(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.topk(x, 16, dim=-1)
+
+
+def _upsample(x: torch.Tensor) -> torch.Tensor:
+    return F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False)
+
+
+class _TrainingStep(nn.Module):
+    """Forward and backward of a ResNet-18 with batch norm in training mode, without an optimizer step
+    (every call sees the same parameters): the loss and the first convolution's gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = _resnet18().train()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        with torch.enable_grad():  # the bench runs under no_grad
+            for p in self.model.parameters():
+                p.grad = None
+            loss = self.model(x).logsumexp(-1).mean()
+            loss.backward()
+        return loss.detach(), self.model.conv1.weight.grad
+
+
 def _layer_norm() -> nn.Module:
     norm = nn.LayerNorm(1024)
     with torch.no_grad():  # non-trivial affine parameters, so a wrong weight or bias shows
@@ -139,6 +176,22 @@ ROWS = [
         "TransformerEncoderLayer 512/8, 4x128",
         _module(lambda: nn.TransformerEncoderLayer(d_model=512, nhead=8, batch_first=True), (4, 128, 512)),
         tol=2e-3,
+    ),
+    Row("sort", "sort 4096x1024, dim=-1", _function(_sort, (4096, 1024))),
+    Row("topk", "top-16 of 4096x1024, dim=-1", _function(_topk, (4096, 1024))),
+    Row("cumsum", "cumsum 4096x1024, dim=-1", _function(_cumsum, (4096, 1024))),
+    Row("var_mean", "var_mean 4096x1024, dim=-1", _function(_var_mean, (4096, 1024))),
+    Row("upsample", "bilinear upsample x2, 1x64x128x128", _function(_upsample, (1, 64, 128, 128))),
+    Row(
+        "conv3d",
+        "Conv3d 16 -> 32, 3x3x3, 1x16x16x32x32",
+        _module(lambda: nn.Conv3d(16, 32, 3, padding=1), (1, 16, 16, 32, 32)),
+    ),
+    Row(
+        "cnn_train",
+        "ResNet-18 training step (forward + backward), 8x3x64x64",
+        lambda: (_TrainingStep(), (torch.randn(8, 3, 64, 64),)),
+        tol=1e-2,
     ),
     Row("cold_mlp", "first call incl. compile: MLP", _module(_mlp, (32, 512)), kind="cold"),
     Row("cold_resnet18", "first call incl. compile: ResNet-18", _module(_resnet18, (1, 3, 224, 224)), "cold", 1e-2),
