@@ -321,6 +321,24 @@ def _(g):  # type: ignore[no-untyped-def]
 
 
 # --- indexing ------------------------------------------------------------------------------------
+@case("searchsorted")
+def _(g):  # type: ignore[no-untyped-def]
+    boundaries = torch.tensor([-1.0, 0.0, 0.0, 0.5, 2.0])  # a repeated boundary: left and right differ
+
+    def f(x: torch.Tensor, rows: torch.Tensor, shuffled: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            torch.bucketize(x, boundaries),
+            torch.bucketize(x, boundaries, right=True, out_int32=True),
+            torch.searchsorted(boundaries, x, side="right"),
+            torch.searchsorted(rows, x[:3, :4]),  # one sorted row per row of values
+            torch.searchsorted(shuffled, x[:3, :4], sorter=torch.argsort(shuffled, -1)),
+        )
+
+    x = _r(g, 4, 6).round(decimals=0)  # values equal to boundaries
+    x[0, 0] = float("nan")  # after every boundary, as eager places it
+    return f, (x, torch.sort(_r(g, 3, 7), -1).values, _r(g, 3, 7))
+
+
 @case("nonzero_static")
 def _(g):  # type: ignore[no-untyped-def]
     def f(a: torch.Tensor) -> tuple[torch.Tensor, ...]:

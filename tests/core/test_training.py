@@ -39,3 +39,32 @@ def test_training_step_matches_eager_gradients() -> None:
     # the backward graph went through the engine too: the forward uses addmm, only weight/input grads use mm
     assert ops["aten.mm.default"]["engine"] >= 2
     assert all(row["fallback"] == 0 for row in ops.values())
+
+
+def test_a_whole_training_step_compiled_with_its_backward_matches_eager() -> None:
+    """``torch.compile(step)`` where ``step`` calls ``loss.backward()``: the backward graph is compiled
+    while Dynamo's frame hook is on, which must not trace TorchBurn's own code as user code."""
+    import warnings
+
+    model = _model()
+    x, y = torch.randn(16, 20), torch.randint(0, 5, (16,))
+
+    def step(inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        for p in model.parameters():
+            p.grad = None
+        loss = torch.nn.functional.cross_entropy(model(inputs), y)
+        loss.backward()
+        return loss.detach(), model[0].weight.grad  # type: ignore[return-value]
+
+    expected = step(x)
+    fast = torch.compile(step, backend="torchburn", options={"engine": "native", "fallback": "error"})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            got = fast(x)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    traced_ourselves = [w for w in caught if "torchburn" in str(w.message) and "Dynamo" in str(w.message)]
+    assert not traced_ourselves, traced_ourselves[0].message
+    ops = torchburn.coverage()["native"]
+    assert ops["aten.mm.default"]["engine"] >= 2 and all(row["fallback"] == 0 for row in ops.values())

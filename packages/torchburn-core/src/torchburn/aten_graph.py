@@ -59,7 +59,7 @@ def to_aten(
     positional arguments."""
     aten_gm = _direct_inference_graph(gm, decomposition_table(engine))
     if aten_gm is not None:
-        return compile_graph(aten_gm, example_inputs, "inference")
+        return compile_graph(aten_gm, example_inputs, "inference")  # Dynamo calls it with its hook off
     return aot_module_simplified(
         gm,
         example_inputs,
@@ -127,6 +127,10 @@ def _alias_root(node: torch.fx.Node) -> torch.fx.Node:
     return node
 
 
+# AOTAutograd compiles the backward graph when the backward first runs. A function compiled whole,
+# training step included (`loss.backward()` inside it), runs that backward under Dynamo's frame hook,
+# which would then trace TorchBurn's own compiler and runtime as user code: both stay outside it.
+@torch._dynamo.disable  # type: ignore[untyped-decorator]
 def _compile_phase(
     compile_graph: CompileGraph,
     phase: str,
@@ -135,8 +139,10 @@ def _compile_phase(
 ) -> Callable[..., Any]:
     compiled = compile_graph(gm, example_inputs, phase)
 
+    @torch._dynamo.disable  # type: ignore[untyped-decorator]
     def run(args: list[Any]) -> Any:
         return compiled(*args)
 
-    run._boxed_call = True  # type: ignore[attr-defined]  # AOTAutograd passes the argument list as is
-    return run
+    run._boxed_call = True  # AOTAutograd passes the argument list as is
+    result: Callable[..., Any] = run
+    return result

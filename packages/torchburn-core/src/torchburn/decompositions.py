@@ -8,8 +8,10 @@ primitive an engine implements (a reduction, a gather, a view) covers many ops; 
 after that falls back as before, node by node.
 
 Only decompositions that produce ATen ops are listed: those that lower to ``prims`` (``lgamma``,
-``flip``, ``var_mean``...) would leave the engine nothing it knows, and ``bucketize``'s reads tensor
-values while it is traced, which a graph of fake tensors cannot give.
+``flip``, ``var_mean``...) would leave the engine nothing it knows, and PyTorch's ``bucketize`` reads
+tensor values while it is traced, which a graph of fake tensors cannot give. Where PyTorch has nothing
+usable, core has its own (:data:`OWN`): ``flip`` as gathers, ``searchsorted`` as a comparison and a
+sum, the gradients of convolution and attention as convolutions and matmuls.
 """
 
 from __future__ import annotations
@@ -220,11 +222,50 @@ def _nonzero_static(x: torch.Tensor, *, size: int, fill_value: int = -1) -> torc
     return written[:size]
 
 
+# the most comparisons a searchsorted is decomposed into (inputs × sequence length): beyond it the
+# op stays whole, since the comparison tensor would take that many bytes
+SEARCH_COMPARISONS = 1 << 24
+
+
+def _searchsorted(
+    sorted_sequence: torch.Tensor,
+    input: torch.Tensor,
+    *,
+    out_int32: bool = False,
+    right: bool = False,
+    side: str | None = None,
+    sorter: torch.Tensor | None = None,
+) -> Any:
+    """Each value's insertion position as the count of sequence elements before it (``< value``, or
+    ``<= value`` on the right side): one broadcast comparison and a sum, for sequences and inputs
+    small enough (see :data:`SEARCH_COMPARISONS`)."""
+    length = sorted_sequence.shape[-1]
+    if not isinstance(input.numel(), int) or not isinstance(length, int):
+        return NotImplemented
+    if input.numel() * length > SEARCH_COMPARISONS:
+        return NotImplemented
+    if side is not None:
+        right = side == "right"
+    sequence = sorted_sequence if sorter is None else sorted_sequence.gather(-1, sorter)
+    if sequence.dim() > 1:
+        sequence = sequence.unsqueeze(-2)  # [..., 1, M] against [..., K, 1]
+    values = input.unsqueeze(-1)
+    # negated, so that a NaN value counts every element before it and lands at the end, as in eager
+    before = ~(sequence > values) if right else ~(sequence >= values)
+    return before.sum(-1).to(torch.int32 if out_int32 else torch.int64)
+
+
+def _bucketize(input: torch.Tensor, boundaries: torch.Tensor, *, out_int32: bool = False, right: bool = False) -> Any:
+    return _searchsorted(boundaries, input, out_int32=out_int32, right=right)
+
+
 # core's own decompositions (PyTorch has none for these, or none into ATen ops), used like those of
 # WHEN_MISSING
 OWN: dict[Any, Callable[..., Any]] = {
     aten.flip.default: _flip,
     aten.nonzero_static.default: _nonzero_static,
+    aten.searchsorted.Tensor: _searchsorted,
+    aten.bucketize.Tensor: _bucketize,
     aten.as_strided_copy.default: _as_strided_copy,
     aten.convolution_backward.default: _convolution_backward,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _flash_attention_backward,
