@@ -22,6 +22,8 @@ import transformers
 from torch import nn
 from torchvision.models import efficientnet, regnet, resnet, swin_transformer
 
+from helpers import calibrate_batchnorm, seeded_randn
+
 F32 = {"rtol": 1e-4, "atol": 1e-4}
 DEEP = {"rtol": 1e-3, "atol": 1e-3}  # tens of stacked convolutions: summation order differences add up
 
@@ -42,26 +44,6 @@ class Family:
         torch.manual_seed(0)
         model, inputs = self.build()
         return model.eval(), inputs
-
-
-def _randn(*shape: int, seed: int = 1234) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-
-
-def _calibrate_batchnorm(model: nn.Module, *shape: int) -> None:
-    """Set BatchNorm running stats from one batch of noise, so eval-mode activations stay O(1).
-
-    With default stats (mean 0, var 1) and random weights, deep CNN outputs shrink towards 0, where an
-    absolute tolerance would accept anything. (The same helper as in test_models.py.)
-    """
-    for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            m.reset_running_stats()
-            m.momentum = None  # cumulative average: after one batch, the running stats are that batch's
-    model.train()
-    with torch.no_grad():
-        model(_randn(*shape, seed=7))
-    model.eval()
 
 
 def _tensors(out: Any) -> list[torch.Tensor]:
@@ -95,8 +77,8 @@ def _vision(model: nn.Module, size: int, batch: int = 1) -> tuple[nn.Module, Inp
             m.reset_parameters()
     # a batch of 8 for the statistics: the last stages are 1x1 or 2x2, where two images give near-zero
     # variances and eval-mode outputs in the millions
-    _calibrate_batchnorm(model, 8, 3, size, size)
-    return model, ((_randn(batch, 3, size, size),), {})
+    calibrate_batchnorm(model, 8, 3, size, size)
+    return model, ((seeded_randn(batch, 3, size, size),), {})
 
 
 def _resnet() -> tuple[nn.Module, Inputs]:
@@ -393,7 +375,7 @@ def _whisper_encoder() -> tuple[nn.Module, Inputs]:
         decoder_start_token_id=0,
     )
     encoder = transformers.WhisperForConditionalGeneration(config).get_encoder()
-    return encoder.eval(), ((), {"input_features": _randn(2, 16, 32)})
+    return encoder.eval(), ((), {"input_features": seeded_randn(2, 16, 32)})
 
 
 def _clip() -> tuple[nn.Module, Inputs]:
@@ -422,7 +404,7 @@ def _clip() -> tuple[nn.Module, Inputs]:
     )
     ids = _ids()
     ids[:, 10] = 3  # every sequence has its end-of-text token (the pooled position)
-    kwargs = {"input_ids": ids, "attention_mask": _attention_mask(), "pixel_values": _randn(2, 3, 32, 32)}
+    kwargs = {"input_ids": ids, "attention_mask": _attention_mask(), "pixel_values": seeded_randn(2, 3, 32, 32)}
     return transformers.CLIPModel(config).eval(), ((), kwargs)
 
 

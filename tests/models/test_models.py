@@ -15,12 +15,10 @@ import torchvision
 import transformers
 from torch import nn
 
+from helpers import calibrate_batchnorm, seeded_randn
+
 F32 = {"rtol": 1e-4, "atol": 1e-4}
 DEEP = {"rtol": 1e-3, "atol": 1e-3}  # ~20 stacked convolutions: summation order differences add up
-
-
-def _randn(*shape: int, seed: int = 1234) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
 def _run(
@@ -35,31 +33,15 @@ def _run(
     return expected, actual, fast
 
 
-def _calibrate_batchnorm(model: nn.Module, *shape: int) -> None:
-    """Set BatchNorm running stats from one batch of noise, so eval-mode activations stay O(1).
-
-    With default stats (mean 0, var 1) and random weights, mobilenet_v3's output shrinks to ~1e-9, where an
-    absolute tolerance would accept anything.
-    """
-    for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            m.reset_running_stats()
-            m.momentum = None  # cumulative average: after one batch, the running stats are that batch's
-    model.train()
-    with torch.no_grad():
-        model(_randn(*shape, seed=7))
-    model.eval()
-
-
 def test_mlp(compile_engine: Callable[..., Any], assert_engine_ran: Callable[..., None]) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 256))
-    x = _randn(32, 512)
+    x = seeded_randn(32, 512)
     expected, actual, fast = _run(compile_engine, model, x)
     torch.testing.assert_close(actual, expected, **F32)
     assert actual.shape == (32, 256)
     with torch.no_grad():  # a second call with new values reuses the program
-        x2 = _randn(32, 512, seed=99)
+        x2 = seeded_randn(32, 512, seed=99)
         torch.testing.assert_close(fast(x2), model(x2), **F32)
     assert_engine_ran(3)  # two linears and the relu
 
@@ -68,8 +50,8 @@ def test_mlp(compile_engine: Callable[..., Any], assert_engine_ran: Callable[...
 def test_resnet18(size: int, compile_engine: Callable[..., Any], assert_engine_ran: Callable[..., None]) -> None:
     torch.manual_seed(0)
     model = torchvision.models.resnet18(weights=None)
-    _calibrate_batchnorm(model, 2, 3, 64, 64)
-    x = _randn(1, 3, size, size)
+    calibrate_batchnorm(model, 2, 3, 64, 64)
+    x = seeded_randn(1, 3, size, size)
     expected, actual, _ = _run(compile_engine, model, x)
     assert expected.abs().max() > 0.1  # a meaningful signal, not numerically ~0
     torch.testing.assert_close(actual, expected, **DEEP)
@@ -80,8 +62,8 @@ def test_resnet18(size: int, compile_engine: Callable[..., Any], assert_engine_r
 def test_mobilenet_v3(variant: str, compile_engine: Callable[..., Any], assert_engine_ran: Callable[..., None]) -> None:
     torch.manual_seed(0)
     model = getattr(torchvision.models, f"mobilenet_v3_{variant}")(weights=None)
-    _calibrate_batchnorm(model, 2, 3, 64, 64)
-    x = _randn(1, 3, 64, 64)
+    calibrate_batchnorm(model, 2, 3, 64, 64)
+    x = seeded_randn(1, 3, 64, 64)
     expected, actual, _ = _run(compile_engine, model, x)
     assert expected.abs().max() > 0.05
     torch.testing.assert_close(actual, expected, **DEEP)
@@ -114,7 +96,7 @@ def test_transformer_encoder_layer(
 ) -> None:
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, batch_first=True, **kwargs)
-    x = _randn(2, 16, 64)
+    x = seeded_randn(2, 16, 64)
     call_kwargs = {}
     if padding_mask:
         mask = torch.zeros(2, 16, dtype=torch.bool)
