@@ -27,6 +27,14 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 30
     return proc
 
 
+def program_entries(cache_dir: Path) -> list[Path]:
+    """The engine-program entries of a cache dir (not the warm-start cache's lowered graphs)."""
+    from torchburn.cache import LOWERED_SUFFIX
+    from torchburn.cache.store import DiskStore
+
+    return [e for e in DiskStore(cache_dir).entries() if not e.parent.parent.name.endswith(LOWERED_SUFFIX)]
+
+
 def strict_compile(engine: str) -> Callable[..., Any]:
     """``compile(fn, **kwargs)``: torch.compile on ``engine`` with fallback="error"."""
     import torch

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import torchburn
-from helpers import run_python
+from helpers import program_entries, run_python
 from torchburn import graph_codec
 from torchburn.cache import graph_key
 from torchburn.cache.store import DiskStore
@@ -113,7 +113,7 @@ def _compile_mlp_in_process() -> None:
 @pytest.mark.parametrize("damage", ["truncate", "flip", "garbage", "empty"])
 def test_corrupted_entry_is_ignored_with_warning_and_rebuilt(isolated_state: Path, damage: str) -> None:
     _compile_mlp_in_process()
-    (entry,) = DiskStore(isolated_state).entries()
+    (entry,) = program_entries(isolated_state)
     blob = entry.read_bytes()
     if damage == "truncate":
         entry.write_bytes(blob[: len(blob) - 7])
@@ -147,8 +147,7 @@ def test_concurrent_processes_share_the_store(isolated_state: Path) -> None:
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
         assert json.loads(out.split("INFO", 1)[1])["warnings"] == []
-    store = DiskStore(isolated_state)
-    (entry,) = store.entries()
+    (entry,) = program_entries(isolated_state)
     assert not list(entry.parent.glob(".*.tmp"))  # no temporaries left behind
     assert _run_info(isolated_state)["disk_hits"] == 1
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import torchburn
-from helpers import run_python
+from helpers import program_entries, run_python
 from torchburn import graph_codec
 from torchburn.cache.secret import forget, key_path
 from torchburn.cache.store import LAYOUT, DiskStore
@@ -34,7 +34,7 @@ def _compile_fresh(fn, x):  # type: ignore[no-untyped-def]
 
 
 def _only_entry(cache: Path) -> Path:
-    (entry,) = DiskStore(cache).entries()
+    (entry,) = program_entries(cache)
     return entry
 
 

@@ -99,12 +99,12 @@ def test_bad_input_gives_eagers_own_error(failing_run: list[int]) -> None:
 def test_a_graph_that_cannot_be_traced_to_aten_runs_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
     """A failure while tracing to ATen (say, a decomposition PyTorch cannot trace) falls back for the
     whole graph: eager values and a warning, or a FallbackError naming the failure in strict mode."""
-    import torchburn.backend
+    import torchburn.warm_start
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("aot_autograd expected to have an entirely functional graph")
 
-    monkeypatch.setattr(torchburn.backend, "to_aten", broken)
+    monkeypatch.setattr(torchburn.warm_start, "to_aten", broken)
     x = torch.randn(4, 4)
     with pytest.warns(UserWarning, match="tracing a graph to ATen failed .*AssertionError"):
         got = _compile("warn")(x)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch._decomp import core_aten_decompositions
@@ -31,6 +31,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from .decompositions import for_missing_ops
 from .engines.base import Engine
+
+if TYPE_CHECKING:
+    from .cache.lowered import Recorder
 
 CompileGraph = Callable[[torch.fx.GraphModule, list[Any], str], Callable[..., Any]]
 
@@ -53,21 +56,27 @@ def to_aten(
     example_inputs: list[Any],
     engine: Engine,
     compile_graph: CompileGraph,
+    recorder: Recorder | None = None,
 ) -> Callable[..., Any]:
     """Trace ``gm`` to ATen and compile; ``compile_graph(aten_gm, inputs, phase)`` compiles each ATen graph (phase
     "inference", or "forward" and "backward" under autograd) into a callable taking its inputs as
-    positional arguments."""
+    positional arguments. A ``recorder`` is shown each ATen graph before it is compiled (the engine's
+    partitioning rewrites it), for the warm-start cache."""
     aten_gm = _direct_inference_graph(gm, decomposition_table(engine))
     if aten_gm is not None:
+        if recorder is not None:
+            recorder.inference(aten_gm)
         return compile_graph(aten_gm, example_inputs, "inference")  # Dynamo calls it with its hook off
-    return aot_module_simplified(
-        gm,
-        example_inputs,
-        fw_compiler=functools.partial(_compile_phase, compile_graph, "forward"),
-        bw_compiler=functools.partial(_compile_phase, compile_graph, "backward"),
-        inference_compiler=functools.partial(_compile_phase, compile_graph, "inference"),
-        decompositions=decomposition_table(engine),
-    )
+    # a recorder needs the backward graph now, not when the backward first runs (it still compiles then)
+    with torch._functorch.config.patch(force_non_lazy_backward_lowering=recorder is not None):
+        return aot_module_simplified(
+            gm,
+            example_inputs,
+            fw_compiler=functools.partial(_compile_phase, compile_graph, "forward", recorder),
+            bw_compiler=functools.partial(_compile_phase, compile_graph, "backward", recorder),
+            inference_compiler=functools.partial(_compile_phase, compile_graph, "inference", recorder),
+            decompositions=decomposition_table(engine),
+        )
 
 
 def _direct_inference_graph(
@@ -134,10 +143,22 @@ def _alias_root(node: torch.fx.Node) -> torch.fx.Node:
 def _compile_phase(
     compile_graph: CompileGraph,
     phase: str,
+    recorder: Recorder | None,
     gm: torch.fx.GraphModule,
     example_inputs: list[Any],
 ) -> Callable[..., Any]:
-    compiled = compile_graph(gm, example_inputs, phase)
+    if recorder is not None:
+        _record(recorder, phase, gm)
+    if phase == "backward" and recorder is not None:
+        # asked for early only to be recorded: compile when the backward first runs, as AOTAutograd would
+        compiled_later: list[Callable[..., Any]] = []
+
+        def compiled(*args: Any) -> Any:
+            if not compiled_later:
+                compiled_later.append(compile_graph(gm, example_inputs, phase))
+            return compiled_later[0](*args)
+    else:
+        compiled = compile_graph(gm, example_inputs, phase)
 
     @torch._dynamo.disable  # type: ignore[untyped-decorator]
     def run(args: list[Any]) -> Any:
@@ -146,3 +167,17 @@ def _compile_phase(
     run._boxed_call = True  # AOTAutograd passes the argument list as is
     result: Callable[..., Any] = run
     return result
+
+
+def _record(recorder: Recorder, phase: str, gm: torch.fx.GraphModule) -> None:
+    """Show the recorder an AOTAutograd graph with the metadata that says how its results split."""
+    context = torch._guards.TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None)
+    if phase == "backward":
+        recorder.backward(gm)
+    elif meta is None:
+        recorder.failure = "AOTAutograd's metadata is not available"
+    elif phase == "forward":
+        recorder.forward(gm, meta)
+    else:
+        recorder.inference(gm, meta)

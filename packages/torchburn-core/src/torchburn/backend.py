@@ -14,11 +14,11 @@ import torch
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from ._fallback_error import FallbackError
-from .aten_graph import to_aten
 from .engines.discovery import resolve_engine
 from .errors import OptionsError, TorchBurnError
 from .options import parse_options
 from .partition import partition_and_compile, whole_graph_program
+from .warm_start import compile_dynamo_graph
 
 
 def torchburn_backend(
@@ -47,7 +47,7 @@ def torchburn_backend(
         return compiled.forward
 
     try:
-        return to_aten(gm, example_inputs, engine, compile_graph)
+        return compile_dynamo_graph(gm, example_inputs, engine, opts, compile_graph)
     except TorchBurnError:
         raise  # a strict fallback or a bad option: the user's to see, as raised
     except _DYNAMO_HANDLES:

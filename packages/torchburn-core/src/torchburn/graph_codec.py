@@ -1,10 +1,12 @@
-"""A JSON form of ATen FX graphs: the canonical text hashed by the cache key and the payload the
-reference engine stores on disk.
+"""A JSON form of ATen FX graphs: the canonical text hashed by the cache key, the payload the
+reference engine stores on disk, and the lowered graphs of the warm-start cache (with each node's
+dtype, shape, strides and offset, so they decode with fake values and skip tracing).
 
-A stored graph is untrusted data. Decoding never evaluates code or unpickles, and resolves a name only
-to an op the region being loaded already contains (so a payload cannot bring in ``aten.from_file``,
-an RNG, device or in-place op the region did not have); a decoded graph must then be the region's own
-graph, node for node, or it is rejected.
+A stored graph is untrusted data. Decoding never evaluates code or unpickles. ``loads`` resolves a name
+only to an op the region being loaded already contains (so a payload cannot bring in
+``aten.from_file``, an RNG, device or in-place op the region did not have), and the decoded graph must
+then be the region's own graph, node for node. ``decode_graph`` resolves names to ATen and prims ops
+the caller's policy admits; its callers only hand it entries authenticated by the user's cache key.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import json
 import math
 import operator
+import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -39,12 +43,13 @@ def graph_targets(gm: torch.fx.GraphModule) -> frozenset[Any]:
     return frozenset(n.target for n in gm.graph.nodes if n.op == "call_function")
 
 
-def resolve_target(name: str, allowed: frozenset[Any]) -> Any:
-    """The op ``name`` names, if it is one of ``allowed``."""
+def resolve_target(name: str, allowed: frozenset[Any] | Callable[[Any], bool]) -> Any:
+    """The op ``name`` names, if it is one of ``allowed`` (a set of ops or a predicate over them)."""
+    admits = allowed if callable(allowed) else allowed.__contains__
     if not isinstance(name, str):
         raise GraphCodecError(f"target {name!r} is not an op name")
     if name == "operator.getitem":
-        if operator.getitem not in allowed:
+        if not admits(operator.getitem):
             raise GraphCodecError("operator.getitem is not in the region this graph is loaded for")
         return operator.getitem
     parts = name.split(".")
@@ -56,7 +61,7 @@ def resolve_target(name: str, allowed: frozenset[Any]) -> Any:
         raise GraphCodecError(f"unknown op {name!r} in this torch build") from exc
     if not isinstance(target, torch._ops.OpOverload):
         raise GraphCodecError(f"{name!r} is not an op overload")
-    if target not in allowed:
+    if not admits(target):
         raise GraphCodecError(f"op {name} is not in the region this graph is loaded for")
     return target
 
@@ -126,8 +131,62 @@ def _spec_text(value: Any) -> Any:
     return type(value).__name__
 
 
-def encode_graph(gm: torch.fx.GraphModule, *, strict: bool = True, with_meta: bool = False) -> dict[str, Any]:
-    """The graph as JSON-able data. ``with_meta`` adds each node's dtype/shape/stride (for keys)."""
+_NODE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,200}$")
+_MAX_ELEMENTS = 1 << 40  # a stored spec describing more is not one a real graph had
+
+
+def _spec_data(value: Any) -> Any:
+    """A node's static value as data: a tensor's dtype/shape/stride/offset, a tuple of them, or None."""
+    if isinstance(value, torch.Tensor):
+        sizes = [*value.shape, *value.stride(), value.storage_offset()]
+        if not all(type(s) is int for s in sizes):
+            raise GraphCodecError("the graph has symbolic sizes")
+        return {
+            "dtype": str(value.dtype).removeprefix("torch."),
+            "shape": list(value.shape),
+            "stride": list(value.stride()),
+            "offset": value.storage_offset(),
+        }
+    if isinstance(value, (tuple, list)):
+        return {"t": [_spec_data(v) for v in value]}
+    if value is None:
+        return None
+    raise GraphCodecError(f"cannot store a node value of type {type(value).__name__}")
+
+
+def _dims(value: Any, what: str) -> list[int]:
+    if not isinstance(value, list) or not all(type(v) is int and 0 <= v < _MAX_ELEMENTS for v in value):
+        raise GraphCodecError(f"stored {what} {str(value)[:80]} is not a list of sizes")
+    return value
+
+
+def _fake_value(spec: Any, fake_mode: Any) -> Any:
+    """The fake tensor (or tuple of them) a stored spec describes, made in ``fake_mode``."""
+    if spec is None:
+        return None
+    if not isinstance(spec, dict):
+        raise GraphCodecError(f"malformed node value {str(spec)[:80]}")
+    if set(spec) == {"t"} and isinstance(spec["t"], list):
+        return tuple(_fake_value(v, fake_mode) for v in spec["t"])
+    dtype = getattr(torch, str(spec.get("dtype")), None)
+    if not isinstance(dtype, torch.dtype):
+        raise GraphCodecError(f"unknown dtype {spec.get('dtype')!r} in a stored node value")
+    shape, stride = _dims(spec.get("shape"), "shape"), _dims(spec.get("stride"), "stride")
+    offset = spec.get("offset")
+    if len(shape) != len(stride) or type(offset) is not int or not 0 <= offset < _MAX_ELEMENTS:
+        raise GraphCodecError(f"stored node value {str(spec)[:80]} has mismatched sizes")
+    extent = offset + 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) if all(shape) else 0
+    with fake_mode:
+        base = torch.empty(extent, dtype=dtype)
+        return base.as_strided(shape, stride, offset) if all(shape) else torch.empty_strided(shape, stride, dtype=dtype)
+
+
+def encode_graph(
+    gm: torch.fx.GraphModule, *, strict: bool = True, with_meta: bool = False, with_values: bool = False
+) -> dict[str, Any]:
+    """The graph as JSON-able data. ``with_meta`` adds each node's dtype/shape/stride as text (for
+    keys); ``with_values`` adds them as data ``decode_graph`` turns back into fake values (static
+    graphs only)."""
     index: dict[torch.fx.Node, int] = {}
     nodes = []
     for i, node in enumerate(gm.graph.nodes):
@@ -147,6 +206,8 @@ def encode_graph(gm: torch.fx.GraphModule, *, strict: bool = True, with_meta: bo
             entry["kwargs"] = {k: _encode_arg(v, index, strict) for k, v in node.kwargs.items()}
         if with_meta and "val" in node.meta:
             entry["val"] = _spec_text(node.meta["val"])
+        if with_values and node.op != "output":
+            entry["value"] = _spec_data(node.meta.get("val"))
         nodes.append(entry)
     return {"format": FORMAT, "nodes": nodes}
 
@@ -195,7 +256,17 @@ def loads(payload: bytes, region: torch.fx.GraphModule) -> torch.fx.GraphModule:
         raise GraphCodecError(f"payload is not JSON: {str(exc)[:200]}") from exc
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("nodes"), list):
         raise GraphCodecError("payload is not a torchburn graph of this format")
-    allowed = graph_targets(region)
+    decoded = _build(data, graph_targets(region), None)
+    got = _structure(decoded)
+    if got != _structure(region):
+        raise GraphCodecError(f"stored graph is not the region's: {_first_difference(decoded, region)}")
+    return decoded
+
+
+def _build(
+    data: dict[str, Any], allowed: frozenset[Any] | Callable[[Any], bool], fake_mode: Any
+) -> torch.fx.GraphModule:
+    """The GraphModule of decoded JSON; with a fake mode, each node's stored value becomes its ``val``."""
     graph = torch.fx.Graph()
     built: list[torch.fx.Node] = []
     try:
@@ -206,19 +277,28 @@ def loads(payload: bytes, region: torch.fx.GraphModule) -> torch.fx.GraphModule:
             if op == "placeholder":
                 node = graph.placeholder(str(entry["name"]))
             elif op == "call_function":
-                node = graph.call_function(resolve_target(entry["target"], allowed), args, kwargs)
+                target = resolve_target(entry["target"], allowed)
+                # the stored name where it is one (a warm graph then keys its regions as the cold one did)
+                name = entry.get("name") if fake_mode is not None and _NODE_NAME.match(str(entry.get("name"))) else None
+                node = graph.create_node("call_function", target, args, kwargs, name=name)
             elif op == "output":
                 node = graph.output(args[0])
             else:
                 raise GraphCodecError(f"unexpected node kind {op!r}")
+            if fake_mode is not None and op != "output":
+                node.meta["val"] = _fake_value(entry["value"], fake_mode)
             built.append(node)
         graph.lint()
-        decoded = torch.fx.GraphModule(torch.nn.Module(), graph)
-        got = _structure(decoded)
+        return torch.fx.GraphModule(torch.nn.Module(), graph)
     except (KeyError, IndexError, TypeError, AttributeError, RecursionError, RuntimeError, ValueError) as exc:
         if isinstance(exc, GraphCodecError):
             raise
         raise GraphCodecError(f"malformed graph payload: {str(exc)[:200]}") from exc
-    if got != _structure(region):
-        raise GraphCodecError(f"stored graph is not the region's: {_first_difference(decoded, region)}")
-    return decoded
+
+
+def decode_graph(data: Any, allowed: Callable[[Any], bool], fake_mode: Any) -> torch.fx.GraphModule:
+    """Rebuild a graph ``encode_graph(..., with_values=True)`` made, with fake values made in
+    ``fake_mode``; call targets must be ATen/prims ops (or getitem) that ``allowed`` admits."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("nodes"), list):
+        raise GraphCodecError("payload is not a torchburn graph of this format")
+    return _build(data, allowed, fake_mode)

@@ -28,6 +28,8 @@ __all__ = ["GraphKey", "graph_key", "program_for", "cache_info", "clear_cache", 
 
 log = logging.getLogger("torchburn.cache")
 
+LOWERED_SUFFIX = ".lowered"  # the warm-start cache's entries sit under "<engine>.lowered"
+
 
 def cache_dir() -> Path:
     """``TORCHBURN_CACHE_DIR`` if set, else the user cache dir (e.g. ``~/.cache/torchburn``)."""
@@ -43,6 +45,9 @@ class _Stats:
     compiles: int = 0
     disk_writes: int = 0
     corrupt_entries: int = 0
+    lowered_hits: int = 0  # Dynamo graphs compiled from stored ATen graphs (warm start)
+    lowered_misses: int = 0
+    lowered_writes: int = 0
 
 
 _memory = MemoryCache(int(os.environ.get("TORCHBURN_CACHE_ENTRIES", "512") or 512))
@@ -127,13 +132,15 @@ def cache_info() -> dict[str, Any]:
     """Counters of this process and the size of the disk store."""
     disk = DiskStore(cache_dir())
     files = disk.entry_sizes()
+    lowered = [f for f in files if f[0].parent.parent.name.endswith(LOWERED_SUFFIX)]
     with _lock:
         info: dict[str, Any] = dict(_stats.__dict__)
     info.update(
         memory_entries=len(_memory),
         memory_max_entries=_memory.max_entries,
         disk_dir=str(disk.base),
-        disk_entries=len(files),
+        disk_entries=len(files) - len(lowered),  # engine programs
+        disk_lowered_entries=len(lowered),  # lowered graphs of the warm-start cache
         disk_bytes=sum(size for _, size in files),
     )
     return info

@@ -92,10 +92,16 @@ def graph_key(
         ("constants", _constants(gm)),
         ("graph", graph_text),
     ]
+    return hash_parts(parts)
+
+
+def hash_parts(parts: Iterable[tuple[str, Any]]) -> GraphKey:
+    """The key over named parts, each kept as text."""
+    kept = tuple((name, str(text)) for name, text in parts)
     hasher = blake3.blake3()
-    for name, text in parts:
+    for name, text in kept:
         # length-prefixed so that no two different part lists hash the same bytes
-        for field in (name.encode(), str(text).encode()):
+        for field in (name.encode(), text.encode()):
             hasher.update(len(field).to_bytes(8, "little"))
             hasher.update(field)
-    return GraphKey(hasher.hexdigest(), tuple((n, str(t)) for n, t in parts))
+    return GraphKey(hasher.hexdigest(), kept)
