@@ -138,35 +138,82 @@ pub unsafe fn advanced_index(
     let npre: usize = pre.iter().product();
     let nb: usize = bshape.iter().product();
     let npost: usize = post.iter().product();
-    let mut pi = vec![0usize; pre.len()];
+    if npre * nb * npost == 0 {
+        return Ok(());
+    }
+    // the source offset each broadcast index position selects, checked once (not once per `pre` row)
+    let mut picked = Vec::with_capacity(nb);
     let mut bi = vec![0usize; bshape.len()];
-    let mut qi = vec![0usize; post.len()];
-    let mut lin = 0usize;
-    for p in 0..npre {
-        unravel(p, pre, &mut pi);
-        let pre_off = dot(&pi, &input.strides[..first]);
-        for b in 0..nb {
-            unravel(b, bshape, &mut bi);
-            let mut off = pre_off;
-            for (j, iv) in indices.iter().enumerate() {
-                let v = wrap(
-                    index_at(iv, dot(&bi, &iv.strides)),
-                    in_shape[first + j],
-                    "index",
-                )?;
-                off += v * input.strides[first + j];
+    for b in 0..nb {
+        unravel(b, bshape, &mut bi);
+        let mut off = 0isize;
+        for (j, iv) in indices.iter().enumerate() {
+            let v = wrap(
+                index_at(iv, dot(&bi, &iv.strides)),
+                in_shape[first + j],
+                "index",
+            )?;
+            off += v * input.strides[first + j];
+        }
+        picked.push(off);
+    }
+    let mut pi = vec![0usize; pre.len()];
+    let pre_offsets: Vec<isize> = (0..npre)
+        .map(|p| {
+            unravel(p, pre, &mut pi);
+            dot(&pi, &input.strides[..first])
+        })
+        .collect();
+    let post_strides = &input.strides[first + k..];
+    // `post` laid out densely in the input: each selected row is one run of bytes
+    let mut dense = true;
+    let mut expect = 1isize;
+    for (&size, &stride) in post.iter().zip(post_strides).rev() {
+        dense &= size == 1 || stride == expect;
+        expect *= size as isize;
+    }
+    let (src, dst) = (input.ptr as usize, out.ptr as usize);
+    let row_bytes = npost * esize;
+    // rows lo..hi in order: (p, b) steps without a division per row
+    let copy_rows = |lo: usize, hi: usize| {
+        let mut qi = vec![0usize; post.len()];
+        let (mut p, mut b) = (lo / nb, lo % nb);
+        for r in lo..hi {
+            let from = (src as isize + (pre_offsets[p] + picked[b]) * esize as isize) as *const u8;
+            let to = (dst + r * row_bytes) as *mut u8;
+            // SAFETY: offsets were checked in range above; the output holds npre * nb rows of row_bytes
+            unsafe {
+                match (npost, esize) {
+                    (1, 4) => {
+                        (to as *mut u32).write_unaligned((from as *const u32).read_unaligned())
+                    }
+                    (1, 8) => {
+                        (to as *mut u64).write_unaligned((from as *const u64).read_unaligned())
+                    }
+                    (1, 2) => {
+                        (to as *mut u16).write_unaligned((from as *const u16).read_unaligned())
+                    }
+                    _ if dense => std::ptr::copy_nonoverlapping(from, to, row_bytes),
+                    _ => {
+                        for q in 0..npost {
+                            unravel(q, post, &mut qi);
+                            let at = from.offset(dot(&qi, post_strides) * esize as isize);
+                            copy_elem(to.add(q * esize), at, esize);
+                        }
+                    }
+                }
             }
-            for q in 0..npost {
-                unravel(q, post, &mut qi);
-                let src = off + dot(&qi, &input.strides[first + k..]);
-                copy_elem(
-                    out.ptr.add(lin * esize),
-                    input.ptr.offset(src * esize as isize),
-                    esize,
-                );
-                lin += 1;
+            b += 1;
+            if b == nb {
+                (p, b) = (p + 1, 0);
             }
         }
+    };
+    let rows = npre * nb;
+    if rows * row_bytes < (1 << 16) {
+        copy_rows(0, rows);
+    } else {
+        threads::par_ranges(rows, (4096 / npost).max(1), copy_rows);
     }
     Ok(())
 }
