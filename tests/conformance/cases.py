@@ -434,6 +434,19 @@ def _(g):  # type: ignore[no-untyped-def]
     return f, (_r(g, 2, 3, 8, 8),)
 
 
+@case("bilinear_upsampling")
+def _(g):  # type: ignore[no-untyped-def]
+    def f(img: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            F.interpolate(img, scale_factor=2, mode="bilinear"),
+            F.interpolate(img, scale_factor=1.7, mode="bilinear", align_corners=True),
+            F.interpolate(img, size=(5, 13), mode="bilinear"),  # down in one axis, up in the other
+            F.interpolate(img, scale_factor=(0.5, 3), mode="bilinear", recompute_scale_factor=True),
+        )
+
+    return f, (_r(g, 2, 3, 7, 6),)
+
+
 # --- attention -----------------------------------------------------------------------------------
 @case("attention", atol=1e-5)
 def _(g):  # type: ignore[no-untyped-def]

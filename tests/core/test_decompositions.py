@@ -105,3 +105,20 @@ def test_transposed_and_grouped_convolutions_train_on_the_native_engine() -> Non
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert_engine_ran("native")
     assert "aten.convolution_backward.default" not in torchburn.coverage()["native"]
+
+
+def test_a_network_with_bilinear_upsampling_trains_on_the_native_engine() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3, padding=1),
+        torch.nn.Upsample(scale_factor=2, mode="bilinear"),
+        torch.nn.Conv2d(4, 2, 1),
+    )
+    x = torch.randn(2, 3, 6, 5)
+    model(x).square().sum().backward()
+    expected = [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
+    model.zero_grad()
+    strict_compile("native")(model)(x).square().sum().backward()
+    for got, want in zip((p.grad for p in model.parameters()), expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert_engine_ran("native")  # strict: gathers forward, accumulating index_put backward

@@ -40,21 +40,21 @@ WORKLOADS = {
 def _child(workload: str, backend: str, engine: str, threads: int) -> dict[str, Any]:
     """Runs in the fresh process: build the model, time the first compiled call."""
     import contextlib
+    import importlib
 
     import torch
-    import torchvision
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    model = torchvision.models.resnet18()
+    model: torch.nn.Module = importlib.import_module("torchvision.models").resnet18()
     train = workload == "resnet18_train"
     model.train(train)
     x = torch.randn(8, 3, 64, 64) if train else torch.randn(1, 3, 224, 224)
-    options = {"options": {"engine": engine, "fallback": "error"}} if backend == "torchburn" else {}
+    options: dict[str, Any] | None = {"engine": engine, "fallback": "error"} if backend == "torchburn" else None
     grad = contextlib.nullcontext() if workload != "resnet18_nograd" else torch.no_grad()
     start = time.perf_counter()
     with grad:
-        out = torch.compile(model, backend=backend, **options)(x)
+        out = torch.compile(model, backend=backend, options=options)(x)
         if train:
             out.sum().backward()
     elapsed = time.perf_counter() - start
