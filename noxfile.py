@@ -1,4 +1,5 @@
-"""Sessions: ``nox -s demo`` (main job), ``nox -s tests``, ``nox -s lint``, ``nox -s bench``, ``nox -s dist``.
+"""Sessions: ``nox -s demo`` (main job), ``nox -s tests``, ``nox -s lint``, ``nox -s bench``,
+``nox -s bench_startup``, ``nox -s dist``.
 
 Virtualenvs are made by uv, which keeps one copy of torch in its cache and links it into each session,
 so a second run installs in seconds.
@@ -246,3 +247,11 @@ def bench(session: nox.Session) -> None:
     # torchvision in the same install, so the resolver picks the one that matches torch
     _install_torchburn(session, "numpy", "torchvision")
     session.run("python", "-m", "torchburn.bench", *session.posargs, env=_env())
+
+
+@nox.session(python=PYTHON)
+def bench_startup(session: nox.Session) -> None:
+    """First compiled call in fresh processes: Dynamo alone, aot_eager, warm Inductor, TorchBurn cold
+    and warm (the warm-start cache). Try: nox -s bench_startup -- --repeat 3 --markdown"""
+    _install_torchburn(session, "numpy", "torchvision")
+    session.run("python", "-m", "torchburn.bench_startup", *session.posargs, env=_env())
