@@ -220,3 +220,57 @@ def test_a_graph_calling_an_unnamed_function_has_no_key() -> None:
     gm = _dynamo_graph(lambda t: local(t) + 1, torch.randn(3))
     with pytest.raises(Unkeyable, match=r"does not resolve back to itself|no importable name"):
         dynamo_graph_key(gm, get_engine("native"), parse_options({}))
+
+
+def test_small_constants_made_in_the_forward_travel_with_the_graph(isolated_state: Path) -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x * torch.tensor([1.5, -2.0, 0.25]) + torch.tensor([], dtype=x.dtype).sum()
+
+    x = torch.randn(4, 3)
+    with torch.no_grad():
+        cold, warm = (_compile_fresh(fn, "native")(x) for _ in range(2))  # type: ignore[arg-type]
+    assert torchburn.cache_info()["lowered_hits"] == 1
+    for got in (cold, warm):
+        torch.testing.assert_close(got, fn(x))
+
+
+def test_a_stored_constant_whose_bytes_do_not_match_its_shape_is_refused(isolated_state: Path) -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x * torch.tensor([1.5, -2.0, 0.25])
+
+    x = torch.randn(4, 3)
+    with torch.no_grad():
+        _compile_fresh(fn, "native")(x)  # type: ignore[arg-type]
+        (path,) = _lowered_entries(isolated_state)
+        store, name, digest = DiskStore(isolated_state), path.parent.parent.name, path.stem
+        entry = json.loads(store.read(name, digest))  # type: ignore[arg-type]
+        constant = next(n for n in entry["graphs"]["inference"]["nodes"] if n["op"] == "get_attr")
+        constant["constant"]["hex"] += "00"
+        assert store.write(name, digest, json.dumps(entry).encode())
+        with pytest.warns(torchburn.CacheCorruptionWarning, match="bytes do not match its shape"):
+            got = _compile_fresh(fn, "native")(x)  # type: ignore[arg-type]
+    torch.testing.assert_close(got, fn(x))
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_a_transformers_llama_with_grouped_query_attention_starts_warm(isolated_state: Path, grad: bool) -> None:
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 128, (2, 16))
+    with torch.set_grad_enabled(grad):
+        cold, warm = (_compile_fresh(model, "native")(ids).logits.detach() for _ in range(2))
+    assert torchburn.cache_info()["lowered_hits"] == 1
+    with torch.no_grad():
+        expected = model(ids).logits
+    for got in (cold, warm):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)

@@ -156,6 +156,45 @@ def _spec_data(value: Any) -> Any:
     raise GraphCodecError(f"cannot store a node value of type {type(value).__name__}")
 
 
+# small tensor constants a trace makes (torch.tensor([...]) in a forward) travel inside a stored graph
+MAX_CONSTANT_BYTES = 1 << 16
+_CONSTANT_DTYPES = {
+    str(d).removeprefix("torch."): d
+    for d in (
+        *(torch.float32, torch.float64, torch.float16, torch.bfloat16),
+        *(torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool),
+    )
+}
+
+
+def _constant_data(value: Any) -> dict[str, Any]:
+    """A small plain tensor constant as data (dtype, shape, little-endian bytes in hex)."""
+    if type(value) is not torch.Tensor and type(value) is not torch.nn.Parameter:
+        raise GraphCodecError(f"constant of type {type(value).__name__} is not a plain tensor")
+    dtype = str(value.dtype).removeprefix("torch.")
+    data = value.detach().cpu().contiguous()
+    size = data.numel() * data.element_size()
+    if dtype not in _CONSTANT_DTYPES or size > MAX_CONSTANT_BYTES:
+        raise GraphCodecError(f"constant {dtype}{list(value.shape)} is not a small tensor of a stored dtype")
+    raw = data.reshape(-1).view(torch.uint8).tolist() if size else []
+    return {"dtype": dtype, "shape": list(value.shape), "hex": bytes(raw).hex()}
+
+
+def _constant(data: Any) -> torch.Tensor:
+    if not isinstance(data, dict) or set(data) != {"dtype", "shape", "hex"}:
+        raise GraphCodecError("malformed stored constant")
+    dtype = _CONSTANT_DTYPES.get(str(data["dtype"]))
+    shape = _dims(data["shape"], "constant shape")
+    if dtype is None or not isinstance(data["hex"], str) or len(data["hex"]) > 2 * MAX_CONSTANT_BYTES:
+        raise GraphCodecError("stored constant has a bad dtype or size")
+    raw = bytes.fromhex(data["hex"])
+    numel = math.prod(shape)
+    if len(raw) != numel * torch.empty((), dtype=dtype).element_size():
+        raise GraphCodecError("stored constant's bytes do not match its shape")
+    flat = torch.tensor(list(raw), dtype=torch.uint8).view(dtype) if raw else torch.empty(0, dtype=dtype)
+    return flat.reshape(shape).clone()
+
+
 def _dims(value: Any, what: str) -> list[int]:
     if not isinstance(value, list) or not all(type(v) is int and 0 <= v < _MAX_ELEMENTS for v in value):
         raise GraphCodecError(f"stored {what} {str(value)[:80]} is not a list of sizes")
@@ -204,6 +243,8 @@ def encode_graph(
             entry["target"] = target_name(node.target)
         elif node.op == "get_attr":
             entry["target"] = node.target
+            if with_values:
+                entry["constant"] = _constant_data(getattr(gm, str(node.target), None))
         elif node.op not in ("placeholder", "output"):
             raise GraphCodecError(f"cannot encode {node.op} node {node.name}")
         if node.args:
@@ -272,8 +313,10 @@ def loads(payload: bytes, region: torch.fx.GraphModule) -> torch.fx.GraphModule:
 def _build(
     data: dict[str, Any], allowed: frozenset[Any] | Callable[[Any], bool], fake_mode: Any
 ) -> torch.fx.GraphModule:
-    """The GraphModule of decoded JSON; with a fake mode, each node's stored value becomes its ``val``."""
+    """The GraphModule of decoded JSON; with a fake mode, each node's stored value becomes its ``val``
+    and stored constants are allowed (``loads`` admits none)."""
     graph = torch.fx.Graph()
+    root = torch.nn.Module()
     built: list[torch.fx.Node] = []
     try:
         for entry in data["nodes"]:
@@ -289,13 +332,19 @@ def _build(
                 node = graph.create_node("call_function", target, args, kwargs, name=name)
             elif op == "output":
                 node = graph.output(args[0])
+            elif op == "get_attr" and fake_mode is not None:
+                target = str(entry["target"])
+                if not _NODE_NAME.match(target) or hasattr(root, target):
+                    raise GraphCodecError(f"stored constant name {target[:80]!r} is not a fresh attribute name")
+                root.register_buffer(target, _constant(entry.get("constant")))
+                node = graph.get_attr(target)
             else:
                 raise GraphCodecError(f"unexpected node kind {op!r}")
             if fake_mode is not None and op != "output":
                 node.meta["val"] = _fake_value(entry["value"], fake_mode)
             built.append(node)
         graph.lint()
-        return torch.fx.GraphModule(torch.nn.Module(), graph)
+        return torch.fx.GraphModule(root, graph)
     except (KeyError, IndexError, TypeError, AttributeError, RecursionError, RuntimeError, ValueError) as exc:
         if isinstance(exc, GraphCodecError):
             raise

@@ -102,10 +102,14 @@ class Recorder:
     failure: str | None = None
 
     def _encode(self, phase: str, gm: torch.fx.GraphModule) -> None:
+        # AOTAutograd shows graphs under its fake mode: the constants' real bytes are read outside it
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
         try:
-            self.graphs[phase] = graph_codec.encode_graph(gm, with_values=True)
-        except graph_codec.GraphCodecError as exc:
-            self.failure = f"{phase} graph: {exc}"
+            with unset_fake_temporarily():
+                self.graphs[phase] = graph_codec.encode_graph(gm, with_values=True)
+        except Exception as exc:  # recording is best effort: the compile itself must go on
+            self.failure = f"{phase} graph: {type(exc).__name__}: {exc}"
 
     def inference(self, gm: torch.fx.GraphModule, meta: Any = None) -> None:
         """The inference graph: from the direct trace (no ``meta``) or AOTAutograd's inference path."""
