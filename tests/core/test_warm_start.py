@@ -274,3 +274,22 @@ def test_a_transformers_llama_with_grouped_query_attention_starts_warm(isolated_
         expected = model(ids).logits
     for got in (cold, warm):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_an_engine_failing_while_keying_falls_back_as_its_compile_would(
+    isolated_state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The warm-start key asks the engine for its key parts (a GPU engine asks its device): a failure
+    there is the engine's, reported by the region guard as a fallback, never an escaped error."""
+    engine = get_engine("native")
+
+    def lost() -> dict[str, str]:
+        raise RuntimeError("device went away")
+
+    monkeypatch.setattr(engine, "cache_key_parts", lost)
+    x = torch.randn(4)
+    torch._dynamo.reset()
+    with torch.no_grad(), pytest.warns(torchburn.TorchBurnFallbackWarning, match="device went away"):
+        got = torch.compile(lambda t: t * 2 + 1, backend="torchburn", options={"engine": "native"})(x)
+    torch.testing.assert_close(got, x * 2 + 1)
+    assert torchburn.cache_info()["lowered_writes"] == 0

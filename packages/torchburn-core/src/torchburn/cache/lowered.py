@@ -218,6 +218,9 @@ def key_of(gm: torch.fx.GraphModule, engine: Engine, options: CompileOptions) ->
     except Unkeyable as exc:
         log.info("graph has no warm-start key: %s", exc)
         return None
+    except Exception as exc:  # the engine's own key parts (a lost GPU, say): its compile reports it
+        log.info("no warm-start key: %s: %s", type(exc).__name__, exc)
+        return None
 
 
 def decode(payload: bytes, inputs: list[Any]) -> Lowered:
