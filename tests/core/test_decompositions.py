@@ -89,6 +89,17 @@ def test_attention_gradients_from_lse_match_eagers_kernel(
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+def _assert_native_gradients_match_eager(model: torch.nn.Module, x: torch.Tensor) -> None:
+    """One backward of a squared-sum loss, eager then compiled strictly on native: equal gradients."""
+    model(x).square().sum().backward()
+    expected = [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
+    model.zero_grad()
+    strict_compile("native")(model)(x).square().sum().backward()
+    for got, want in zip((p.grad for p in model.parameters()), expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert_engine_ran("native")
+
+
 def test_transposed_and_grouped_convolutions_train_on_the_native_engine() -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -97,13 +108,7 @@ def test_transposed_and_grouped_convolutions_train_on_the_native_engine() -> Non
         torch.nn.ConvTranspose2d(8, 4, 3, stride=2, padding=1, output_padding=1),
     )
     x = torch.randn(2, 4, 10, 10)
-    model(x).square().sum().backward()
-    expected = [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
-    model.zero_grad()
-    strict_compile("native")(model)(x).square().sum().backward()
-    for got, want in zip((p.grad for p in model.parameters()), expected, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    assert_engine_ran("native")
+    _assert_native_gradients_match_eager(model, x)
     assert "aten.convolution_backward.default" not in torchburn.coverage()["native"]
 
 
@@ -115,10 +120,4 @@ def test_a_network_with_bilinear_upsampling_trains_on_the_native_engine() -> Non
         torch.nn.Conv2d(4, 2, 1),
     )
     x = torch.randn(2, 3, 6, 5)
-    model(x).square().sum().backward()
-    expected = [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
-    model.zero_grad()
-    strict_compile("native")(model)(x).square().sum().backward()
-    for got, want in zip((p.grad for p in model.parameters()), expected, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    assert_engine_ran("native")  # strict: gathers forward, accumulating index_put backward
+    _assert_native_gradients_match_eager(model, x)  # strict: gathers forward, accumulating index_put backward

@@ -8,11 +8,11 @@ of an unknown type, symbolic sizes, a submodule call) has no key: it is always l
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import math
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -126,13 +126,14 @@ def graph_text(gm: torch.fx.GraphModule) -> str:
     return json.dumps(rows, separators=(",", ":"))
 
 
-def _code_stamp(modules: Iterable[Any]) -> str:
+@functools.cache
+def _code_stamp(package_dirs: tuple[str, ...]) -> str:
     """Name, size and modification time of every Python file of these packages: the lowering changes
     with the code of core's decompositions and the engine's, which a version number does not track
-    between releases."""
+    between releases. Read once per process, not once per compiled graph."""
     rows = []
-    for module in modules:
-        root = Path(module.__file__).parent
+    for folder in package_dirs:
+        root = Path(folder)
         for path in sorted(root.rglob("*.py")):
             stat = path.stat()
             rows.append(f"{path.relative_to(root.parent)}:{stat.st_size}:{stat.st_mtime_ns}")
@@ -144,11 +145,12 @@ def dynamo_graph_key(gm: torch.fx.GraphModule, engine: Engine, options: CompileO
     import torchburn
 
     engine_module = sys.modules.get(type(engine).__module__.split(".")[0])
+    packages = [torchburn] + ([engine_module] if engine_module is not None else [])
     parts: list[tuple[str, str]] = [
         ("format", KEY_FORMAT),
         ("torchburn", __version__),
         ("torch", torch.__version__),
-        ("code", _code_stamp([torchburn] + ([engine_module] if engine_module is not None else []))),
+        ("code", _code_stamp(tuple(str(Path(m.__file__).parent) for m in packages if m.__file__))),
         ("engine", f"{engine.name} {engine.version}"),
         ("engine_parts", json.dumps(engine.cache_key_parts(), sort_keys=True)),
         ("options", json.dumps(options.key_items())),
