@@ -447,6 +447,37 @@ def _(g):  # type: ignore[no-untyped-def]
     return f, (_r(g, 2, 3, 7, 6),)
 
 
+# --- special functions ---------------------------------------------------------------------------
+_POLYNOMIALS = [
+    torch.special.chebyshev_polynomial_t,
+    torch.special.chebyshev_polynomial_u,
+    torch.special.chebyshev_polynomial_v,
+    torch.special.chebyshev_polynomial_w,
+    torch.special.shifted_chebyshev_polynomial_t,
+    torch.special.shifted_chebyshev_polynomial_u,
+    torch.special.shifted_chebyshev_polynomial_v,
+    torch.special.shifted_chebyshev_polynomial_w,
+    torch.special.hermite_polynomial_h,
+    torch.special.hermite_polynomial_he,
+    torch.special.laguerre_polynomial_l,
+    torch.special.legendre_polynomial_p,
+]
+
+
+@case("orthogonal_polynomials", atol=1e-4)
+def _(g):  # type: ignore[no-untyped-def]
+    # every x against every degree: both ends and the middle of [-1, 1] (and of [0, 1], the shifted
+    # kinds' interval), points outside it, degrees past the closed forms' switch, truncated, negative, NaN
+    x = torch.cat([torch.tensor([-1.0, 0.0, 1.0, 0.5, -1.5, 1.75]), torch.rand(10, generator=g) * 2.4 - 1.2])
+    n = torch.tensor([-1.0, 0.0, 1.0, 2.0, 3.7, 5.0, 7.0, 9.0, 12.0, float("nan")])
+
+    def f(x: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        xs, ns = x[:, None], n[None, :]  # [16, 10]
+        return (*(p(xs, ns) for p in _POLYNOMIALS), torch.special.legendre_polynomial_p(x, 4))  # a scalar degree too
+
+    return f, (x, n)
+
+
 # --- attention -----------------------------------------------------------------------------------
 @case("attention", atol=1e-5)
 def _(g):  # type: ignore[no-untyped-def]

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import torchburn
 from helpers import engine_counts
-from torchburn.planning.expr import BINARY, UNARY
+from torchburn.planning.expr import BINARY, POLYNOMIALS, UNARY
 
 Fn = Callable[..., Any]
 g = torch.Generator().manual_seed(7)
@@ -52,6 +52,12 @@ def _nonzero_ints() -> torch.Tensor:
 
 def _bools() -> torch.Tensor:
     return torch.rand(8, 33, generator=g) < 0.5
+
+
+def _degrees() -> torch.Tensor:
+    """Degrees 0..11 as floats, some negative (the polynomial is then 0) or fractional (truncated)."""
+    n = torch.randint(-1, 12, (8, 33), generator=g).float()
+    return n + torch.where(torch.rand(8, 33, generator=g) < 0.2, 0.5, 0.0)
 
 
 def _half_equal() -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,6 +145,7 @@ CASES: dict[str, Any] = {
     "logical_and": (torch.logical_and, (_bools(), _bools())),
     "logical_or": (torch.logical_or, (_bools(), _bools())),
     "logical_xor": (torch.logical_xor, (_bools(), _bools())),
+    **{fn: (getattr(torch.special, name), (_open_unit() * 1.3, _degrees())) for fn, name in POLYNOMIALS.items()},
 }
 
 

@@ -10,6 +10,7 @@ use std::cell::RefCell;
 use torchburn_native_macros::isa_versions;
 
 use super::math;
+use super::polynomials::Orthogonal;
 use super::prefetch;
 use super::strided::{for_runs, layout_of, load_run, store_run, Lane, Layout};
 use crate::plan::{BinaryFn, DType, Domain, EOp, UnaryFn};
@@ -269,6 +270,14 @@ macro_rules! float_binary {
             BinaryFn::Shl | BinaryFn::Shr => $out.fill(<$t>::NAN), // rejected by the planner
             BinaryFn::Copysign => $m!($pf, $a, $b, $out, |x, y| x.copysign(y)),
             BinaryFn::Hypot => $m!($pf, $a, $b, $out, |x, y| x.hypot(y)),
+            BinaryFn::ChebyshevT => $m!($pf, $a, $b, $out, |x, y| <$t>::chebyshev_t(x, y)),
+            BinaryFn::ChebyshevU => $m!($pf, $a, $b, $out, |x, y| <$t>::chebyshev_u(x, y)),
+            BinaryFn::ChebyshevV => $m!($pf, $a, $b, $out, |x, y| <$t>::chebyshev_v(x, y)),
+            BinaryFn::ChebyshevW => $m!($pf, $a, $b, $out, |x, y| <$t>::chebyshev_w(x, y)),
+            BinaryFn::HermiteH => $m!($pf, $a, $b, $out, |x, y| <$t>::hermite_h(x, y)),
+            BinaryFn::HermiteHe => $m!($pf, $a, $b, $out, |x, y| <$t>::hermite_he(x, y)),
+            BinaryFn::LaguerreL => $m!($pf, $a, $b, $out, |x, y| <$t>::laguerre_l(x, y)),
+            BinaryFn::LegendreP => $m!($pf, $a, $b, $out, |x, y| <$t>::legendre_p(x, y)),
         }
     }};
 }
@@ -515,7 +524,18 @@ impl Arith for i64 {
                     x >> 63
                 }
             }),
-            BinaryFn::Copysign | BinaryFn::Atan2 | BinaryFn::Hypot => out.fill(0),
+            // float functions: the planner never gives them integer operands
+            BinaryFn::Copysign
+            | BinaryFn::Atan2
+            | BinaryFn::Hypot
+            | BinaryFn::ChebyshevT
+            | BinaryFn::ChebyshevU
+            | BinaryFn::ChebyshevV
+            | BinaryFn::ChebyshevW
+            | BinaryFn::HermiteH
+            | BinaryFn::HermiteHe
+            | BinaryFn::LaguerreL
+            | BinaryFn::LegendreP => out.fill(0),
         }
     }
 }

@@ -14,6 +14,7 @@ pub mod math;
 pub mod norm;
 #[cfg(target_arch = "x86_64")]
 pub mod norm_x86;
+pub mod polynomials;
 pub mod pool;
 pub mod prefetch;
 pub mod qprefill;

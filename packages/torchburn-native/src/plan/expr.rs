@@ -100,6 +100,15 @@ pub enum BinaryFn {
     Shr,
     Copysign,
     Hypot,
+    // orthogonal polynomials: (x, degree)
+    ChebyshevT,
+    ChebyshevU,
+    ChebyshevV,
+    ChebyshevW,
+    HermiteH,
+    HermiteHe,
+    LaguerreL,
+    LegendreP,
 }
 
 /// One instruction of the register machine; `d` is the destination register (never an operand's).

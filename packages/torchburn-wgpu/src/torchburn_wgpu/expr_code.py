@@ -9,7 +9,7 @@ back with the rest of its region.
 
 from __future__ import annotations
 
-from torchburn.planning import ComputeType, Expr, PlanError
+from torchburn.planning import ComputeType, Expr, PlanError, expr
 
 from .kernels import f32_literal, f64_literal
 
@@ -78,6 +78,8 @@ TEMPLATES: dict[str, str | dict[ComputeType, str]] = {
     "atan2": {"f32": "atan2({0}, {1})"},
     "copysign": {"f32": "select(abs({0}), -abs({0}), (bitcast<u32>({1}) & 0x80000000u) != 0u)"},
     "hypot": {"f32": "tb_hypot({0}, {1})"},
+    # torch.special's orthogonal polynomials (shaders/orthogonal.wgsl)
+    **{fn: {"f32": f"tb_{fn}({{0}}, {{1}})"} for fn in expr.POLYNOMIALS},
     # NaN-ignoring: a NaN operand yields the other one
     "fmax": {"f32": "select(select(max({0}, {1}), {0}, tb_isnan({1})), {1}, tb_isnan({0}))"},
     "fmin": {"f32": "select(select(min({0}, {1}), {0}, tb_isnan({1})), {1}, tb_isnan({0}))"},

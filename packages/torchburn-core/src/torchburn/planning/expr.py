@@ -70,8 +70,21 @@ BINARY = frozenset(
         "maximum", "minimum", "fmax", "fmin", "atan2", "copysign", "hypot",
         "bit_and", "bit_or", "bit_xor", "shl", "shr",
         "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
+        "chebyshev_t", "chebyshev_u", "chebyshev_v", "chebyshev_w", "hermite_h", "hermite_he",
+        "laguerre_l", "legendre_p",
     }
 )  # fmt: skip
+# the orthogonal polynomials, by the ``torch.special`` function each one is
+POLYNOMIALS = {
+    "chebyshev_t": "chebyshev_polynomial_t",
+    "chebyshev_u": "chebyshev_polynomial_u",
+    "chebyshev_v": "chebyshev_polynomial_v",
+    "chebyshev_w": "chebyshev_polynomial_w",
+    "hermite_h": "hermite_polynomial_h",
+    "hermite_he": "hermite_polynomial_he",
+    "laguerre_l": "laguerre_polynomial_l",
+    "legendre_p": "legendre_polynomial_p",
+}
 # the functions that yield a bool whatever their operands compute in
 PREDICATES = frozenset(
     {"is_nan", "is_inf", "is_finite", "signbit", "logical_not", "eq", "ne", "lt", "le", "gt", "ge"}

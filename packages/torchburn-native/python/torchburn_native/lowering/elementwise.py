@@ -617,3 +617,25 @@ def nan_to_num(
     is_neg = binary_expr(p, "eq", xl, -math.inf, torch.bool, d)
     r = where_expr(p, is_pos, big, r, out)
     return where_expr(p, is_neg, small, r, out)
+
+
+# torch.special's orthogonal polynomials P_n(x): the value and the degree are tensors or scalars
+POLYNOMIALS: dict[Any, str] = {
+    getattr(getattr(aten, f"special_{name}"), overload): fn
+    for fn, name in expr.POLYNOMIALS.items()
+    for overload in ("default", "x_scalar", "n_scalar")
+}
+
+
+def _polynomial(fn: str) -> Any:
+    def lowering(p: Planner, node: Any, x: Any, n: Any) -> Lazy:
+        out = _out_dtype(p)
+        if out not in FLOATS:
+            raise PlanError(f"{node.target} with a {out} result")
+        return binary_expr(p, fn, x, n, out)
+
+    return lowering
+
+
+for _op, _fn in POLYNOMIALS.items():  # an integer degree (or value) is promoted like PyTorch does
+    lower(_op, family=Family.ELEMENTWISE, dtypes=ANY)(_polynomial(_fn))

@@ -413,3 +413,19 @@ def _arange(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
     index = expr.position(compute)  # a 1-d output: the linear index is the position
     first, delta = operands(p, [start, step], shape_of(out), compute)
     return result(expr.apply("add", first, expr.apply("mul", delta, index)), out)
+
+
+# torch.special's orthogonal polynomials P_n(x): the value and the degree are tensors or scalars
+POLYNOMIALS: dict[Any, str] = {
+    getattr(getattr(aten, f"special_{name}"), overload): fn
+    for fn, name in expr.POLYNOMIALS.items()
+    for overload in ("default", "x_scalar", "n_scalar")
+}
+
+
+@lower(POLYNOMIALS, family=Family.ELEMENTWISE, dtypes=NUMERIC | F32_HALF)
+def _polynomial(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Lazy:
+    out = p.out_meta()
+    if KINDS[out.dtype] != "f32":
+        raise PlanError(f"{node.target} with a {out.dtype} result")
+    return function(p, POLYNOMIALS[node.target], args[:2], out)

@@ -84,9 +84,12 @@ ROW_TREE_FAMILIES = ("softmax", "norm")
 
 
 # helpers pulled into kernels, not kernels themselves
-LIBRARIES = ("math", "math64", "row_tree", "row_tree_subgroup")
+LIBRARIES = ("math", "math64", "orthogonal", "row_tree", "row_tree_subgroup")
 # the libraries a kernel file pulls in by placeholder
 INCLUDES = {"MATH": "math"}
+# the orthogonal polynomials join ``{{MATH}}`` only in kernels whose fills call one (most never do, and
+# every function costs compile time)
+ORTHOGONAL_CALL = re.compile(r"\btb_(chebyshev|hermite|laguerre|legendre)_")
 
 
 def families() -> list[str]:
@@ -127,4 +130,6 @@ def source(family: str, **fills: str) -> str:
     if missing or unknown:
         raise ValueError(f"{family}.wgsl: missing placeholders {sorted(missing)}, unknown ones {sorted(unknown)}")
     values = {**fills, **{name: _text(library) for name, library in INCLUDES.items()}}
+    if any(ORTHOGONAL_CALL.search(fill) for fill in fills.values()):
+        values["MATH"] += _text("orthogonal")
     return PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
