@@ -478,6 +478,34 @@ def _(g):  # type: ignore[no-untyped-def]
     return f, (x, n)
 
 
+_BESSEL = [
+    torch.special.i0,
+    torch.special.i0e,
+    torch.special.i1,
+    torch.special.i1e,
+    torch.special.modified_bessel_i0,
+    torch.special.modified_bessel_i1,
+    torch.special.modified_bessel_k0,
+    torch.special.modified_bessel_k1,
+    torch.special.scaled_modified_bessel_k0,
+    torch.special.scaled_modified_bessel_k1,
+    torch.special.bessel_j0,
+    torch.special.bessel_j1,
+    torch.special.bessel_y0,
+    torch.special.bessel_y1,
+    torch.special.spherical_bessel_j0,
+    torch.special.airy_ai,
+]
+
+
+@case("bessel_functions", atol=1e-4)
+def _(g):  # type: ignore[no-untyped-def]
+    # both signs, both sides of every series switch (2, 5, 8, 25), zero, tiny and the infinities
+    specials = torch.tensor([0.0, -0.0, 1e-20, 2.0, 5.0, 8.0, 25.0, float("inf"), -float("inf"), float("nan")])
+    x = torch.cat([specials, torch.rand(40, generator=g) * 60 - 30])
+    return (lambda x: tuple(f(x) for f in _BESSEL)), (x,)
+
+
 # --- attention -----------------------------------------------------------------------------------
 @case("attention", atol=1e-5)
 def _(g):  # type: ignore[no-untyped-def]

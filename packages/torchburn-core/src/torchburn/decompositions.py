@@ -52,6 +52,7 @@ WHEN_MISSING: tuple[Any, ...] = (
     aten.grid_sampler_2d.default,
     aten.max_pool3d_with_indices.default,
     aten._adaptive_avg_pool2d.default,
+    aten.adaptive_max_pool3d.default,
     aten.upsample_bicubic2d.default,
     aten.upsample_trilinear3d.default,
     # bit-level math -> arithmetic

@@ -16,6 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import polynomials
+from . import bessel, polynomials
 
-DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {**polynomials.DECOMPOSITIONS}
+DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {**bessel.DECOMPOSITIONS, **polynomials.DECOMPOSITIONS}

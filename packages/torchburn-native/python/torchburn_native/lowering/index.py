@@ -209,8 +209,11 @@ def index_reduce(
     """A scatter_reduce whose index is ``index[i]`` at every element of ``source`` at position i of ``dim``
     (the 1-D index seen through zero strides)."""
     sv, iv = p.value(source), p.value(index)
-    if sv.rank == 0:
-        raise PlanError("index_reduce of a 0-d tensor")
+    if sv.rank == 0:  # PyTorch treats 0-d operands as one element along dim 0
+        xv = p.value(x)
+        one = [v.with_view((1,), (1,), v.offset) for v in (xv, sv, iv)]
+        out = _scatter(p, one[0], 0, one[2], one[1], False, reduce, include_self)
+        return out.with_view((), (), out.offset)
     d = dim % sv.rank
     strides = [0] * sv.rank
     strides[d] = iv.strides[0] if iv.rank else 0
