@@ -8,7 +8,7 @@ import torch
 
 from torchburn.planning import Family
 
-from ..planner import PlanError, Planner, broadcast_shapes, broadcast_strides
+from ..planner import Planner, broadcast_shapes, broadcast_strides
 from ..values import SUPPORTED_DTYPES, Tensorish, Value, domain_of
 from . import lower
 from .views import view_by
