@@ -506,6 +506,29 @@ def _(g):  # type: ignore[no-untyped-def]
     return (lambda x: tuple(f(x) for f in _BESSEL)), (x,)
 
 
+@case("order_statistics")
+def _(g):  # type: ignore[no-untyped-def]
+    x = _r(g, 5, 9)
+    x[1, 3] = float("nan")  # median: NaN and its index; nanmedian: the numbers' median
+    x[2, :] = float("nan")  # nanmedian of a line of NaN
+    x[3, 4:] = x[3, 0]  # ties keep their first position
+
+    def f(x: torch.Tensor) -> tuple[Any, ...]:
+        return (
+            torch.median(x[3:]),
+            torch.median(x, 1),
+            torch.median(x, 0, keepdim=True),
+            torch.nanmedian(x),
+            torch.nanmedian(x[[0, 1, 3, 4]], 1),
+            torch.nanmedian(x, 1).values,  # for a line of NaN the index is the selection algorithm's
+            torch.kthvalue(x[[0, 4]], 3, 1),
+            torch.kthvalue(x, 3, 1).values,  # among ties and NaN PyTorch's index is its quickselect's
+            torch.kthvalue(x[3:], 2, 0, keepdim=True),
+        )
+
+    return f, (x,)
+
+
 # --- attention -----------------------------------------------------------------------------------
 @case("attention", atol=1e-5)
 def _(g):  # type: ignore[no-untyped-def]

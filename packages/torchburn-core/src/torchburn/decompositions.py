@@ -12,7 +12,8 @@ Only decompositions that produce ATen ops are listed: those that lower to ``prim
 tensor values while it is traced, which a graph of fake tensors cannot give. Where PyTorch has nothing
 usable, core has its own (:data:`OWN`): ``flip`` as gathers, ``searchsorted`` as a comparison and a
 sum, the gradients of convolution and attention as convolutions and matmuls, ``torch.special``'s
-functions as elementwise arithmetic (:mod:`.special_functions`).
+functions as elementwise arithmetic (:mod:`.special_functions`), order statistics as a sort and a gather
+(:mod:`.order_statistics`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 from torch._decomp import decomposition_table as _torch_table
 
-from . import special_functions
+from . import order_statistics, special_functions
 
 aten = torch.ops.aten
 
@@ -273,6 +274,7 @@ OWN: dict[Any, Callable[..., Any]] = {
     aten.as_strided_copy.default: _as_strided_copy,
     aten.convolution_backward.default: _convolution_backward,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _flash_attention_backward,
+    **order_statistics.DECOMPOSITIONS,
     **special_functions.DECOMPOSITIONS,
 }
 
