@@ -529,6 +529,33 @@ def _(g):  # type: ignore[no-untyped-def]
     return f, (x,)
 
 
+@case("composites")
+def _(g):  # type: ignore[no-untyped-def]
+    x, other = _r(g, 2, 3, 7, 10), _r(g, 6, 4)
+    mask = torch.rand(1, 3, 1, 10, generator=g) < 0.5  # broadcast over the batch and the rows
+    index = torch.tensor([0, -1, 5, 17, 5])  # negative from the end; a repeated one accumulates
+    with_nan = torch.tensor([-2.0, 0.0, -0.0, 3.0, float("nan")])
+
+    def f(x: torch.Tensor, other: torch.Tensor) -> tuple[Any, ...]:
+        pooled = F.adaptive_max_pool2d(x, (3, 4), return_indices=True)  # windows overlap: no tiling
+        return (
+            *pooled,
+            F.adaptive_max_pool1d(x[0], 4),
+            x.masked_scatter(mask, other.flatten().repeat(20)),
+            other.put(index, torch.arange(5.0), accumulate=True),
+            other.put(index[:3], torch.arange(3.0)),
+            torch.addbmm(other[:, :3], x[0, :, :6, :4], x[1, :, :4, :3], beta=0.5, alpha=2.0),
+            *(torch.cdist(other, other[:3] + 1, p=p) for p in (0.0, 1.0, 2.0, 3.0, float("inf"))),
+            F.pdist(other),
+            F.pdist(other, p=1),
+            torch.histc(x, bins=7),
+            torch.histc(other, bins=5, min=-1, max=1),
+            torch.angle(with_nan + 0 * other[0, 0]),
+        )
+
+    return f, (x, other)
+
+
 # --- attention -----------------------------------------------------------------------------------
 @case("attention", atol=1e-5)
 def _(g):  # type: ignore[no-untyped-def]

@@ -13,7 +13,7 @@ tensor values while it is traced, which a graph of fake tensors cannot give. Whe
 usable, core has its own (:data:`OWN`): ``flip`` as gathers, ``searchsorted`` as a comparison and a
 sum, the gradients of convolution and attention as convolutions and matmuls, ``torch.special``'s
 functions as elementwise arithmetic (:mod:`.special_functions`), order statistics as a sort and a gather
-(:mod:`.order_statistics`).
+(:mod:`.order_statistics`), and a few composites more (:mod:`.composites`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch._decomp import decomposition_table as _torch_table
 
-from . import order_statistics, special_functions
+from . import composites, order_statistics, special_functions
 
 aten = torch.ops.aten
 
@@ -274,6 +274,7 @@ OWN: dict[Any, Callable[..., Any]] = {
     aten.as_strided_copy.default: _as_strided_copy,
     aten.convolution_backward.default: _convolution_backward,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _flash_attention_backward,
+    **composites.DECOMPOSITIONS,
     **order_statistics.DECOMPOSITIONS,
     **special_functions.DECOMPOSITIONS,
 }

@@ -1,0 +1,180 @@
+"""Core's own decompositions of composite ops PyTorch leaves whole (or decomposes only in part), into the
+primitives every engine has: scans, gathers, ``index_put``, matmuls, reductions and elementwise math.
+
+- writes at positions: ``masked_scatter`` (a running count picks each element's source), ``put``
+  (an ``index_put`` on the flattened tensor);
+- products and distances: ``addbmm`` (a batched matmul summed over the batch), ``cdist``/``pdist``
+  (broadcast differences and a norm);
+- counting: ``histc`` (each element's bin, compared with every bin and summed);
+- pooling: adaptive max pooling whose windows do not tile the input (PyTorch handles only the tiling
+  case), as gathers of each window's rows and columns and an argmax;
+- ``angle`` of a real tensor.
+
+Each returns ``NotImplemented`` where it does not apply (the op then stays whole, and falls back where
+the engine lacks it), including where the broadcast it builds would take more than :data:`MAX_ELEMENTS`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+
+# the most elements an intermediate built here may have (a comparison table, a difference tensor)
+MAX_ELEMENTS = 1 << 24
+
+
+def _masked_scatter(x: torch.Tensor, mask: torch.Tensor, source: torch.Tensor) -> Any:
+    """``x`` with its masked positions (row-major order) replaced by ``source``'s leading elements."""
+    if source.numel() == 0:
+        return x.clone()  # nothing to write: the mask must select nothing
+    flat_mask = torch.broadcast_to(mask, x.shape).reshape(-1)  # [N]
+    taken = torch.cumsum(flat_mask.to(torch.int64), 0) - 1  # [N]: which source element a position takes
+    values = source.reshape(-1)[taken.clamp(min=0)]
+    return torch.where(flat_mask, values, x.reshape(-1)).reshape(x.shape)
+
+
+def _put(x: torch.Tensor, index: torch.Tensor, source: torch.Tensor, accumulate: bool = False) -> Any:
+    """``x`` seen flat, with ``source`` written (or added) at ``index`` (negative counts from the end)."""
+    count = x.numel()
+    flat_index = index.reshape(-1)
+    flat_index = torch.where(flat_index < 0, flat_index + count, flat_index)
+    written = aten.index_put.default(x.reshape(-1), [flat_index], source.reshape(-1), accumulate)
+    return written.reshape(x.shape)
+
+
+def _addbmm(x: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta: float = 1, alpha: float = 1) -> Any:
+    """``beta x + alpha sum_b batch1[b] @ batch2[b]``; with ``beta = 0`` ``x`` is ignored (NaN too)."""
+    products = torch.bmm(batch1, batch2).sum(0)  # [N, P]
+    if alpha != 1:
+        products = products * alpha
+    if beta == 0:
+        return torch.broadcast_to(products, torch.broadcast_shapes(x.shape, products.shape)).clone()
+    return x * beta + products if beta != 1 else x + products
+
+
+def _pairwise_norm(difference: torch.Tensor, p: float) -> torch.Tensor:
+    """The p-norm of ``difference`` over its last dim, as ``torch.cdist`` defines it for every p >= 0."""
+    if p == 0:
+        return (difference != 0).sum(-1).to(difference.dtype)
+    magnitude = difference.abs()
+    if math.isinf(p):
+        return magnitude.amax(-1)
+    if p == 1:
+        return magnitude.sum(-1)
+    if p == 2:
+        return (magnitude * magnitude).sum(-1).sqrt()
+    return magnitude.pow(p).sum(-1).pow(1.0 / p)
+
+
+def _cdist(x1: torch.Tensor, x2: torch.Tensor, p: float, compute_mode: int | None = None) -> Any:
+    """Distances between the rows of ``x1`` [.., P, M] and ``x2`` [.., R, M]: [.., P, R]."""
+    if p < 0 or x1.shape[-1] == 0:
+        return NotImplemented
+    difference = x1.unsqueeze(-2) - x2.unsqueeze(-3)  # [.., P, R, M]
+    if difference.numel() > MAX_ELEMENTS:
+        return NotImplemented
+    return _pairwise_norm(difference, p)
+
+
+def _pdist(x: torch.Tensor, p: float = 2) -> Any:
+    """Distances between each pair of rows i < j of ``x`` [N, M], in row-major order of the pairs."""
+    n = x.shape[0]
+    if p < 0 or x.shape[1] == 0 or n * n * max(n, x.shape[1]) > MAX_ELEMENTS:
+        return NotImplemented
+    if n < 2:
+        return x.new_zeros(0)
+    # pair t is (i, j): row i's pairs start at S(i) = i (2n - i - 1) / 2, so i counts the rows r >= 1
+    # with S(r) <= t, and j = t - S(i) + i + 1
+    t = torch.arange(n * (n - 1) // 2, device=x.device)  # [T]
+    r = torch.arange(n, device=x.device)  # [N]
+    starts = r * (2 * n - r - 1) // 2  # [N]
+    first = (starts[1:] <= t.unsqueeze(1)).sum(1)  # [T]
+    second = t - starts[first] + first + 1
+    return _pairwise_norm(x[first] - x[second], p)
+
+
+def _histc(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> Any:
+    """Counts of ``x`` in ``bins`` equal bins over [min, max] (the data's range when both are 0, widened
+    by 1 each way when that is one value); elements outside are not counted, ``max`` falls in the last."""
+    if x.numel() * bins > MAX_ELEMENTS or bins <= 0:
+        return NotImplemented
+    values = x.reshape(-1)
+    low: torch.Tensor | float = min
+    high: torch.Tensor | float = max
+    if min == max:
+        if values.numel() == 0:
+            return torch.zeros(bins, dtype=x.dtype, device=x.device)
+        data_low, data_high = values.amin(), values.amax()
+        same = data_low == data_high
+        low, high = torch.where(same, data_low - 1, data_low), torch.where(same, data_high + 1, data_high)
+    inside = (values >= low) & (values <= high)
+    # PyTorch's bin arithmetic: (x - low) * bins / (high - low), truncated; the top edge joins the last bin
+    position = ((values - low) * bins / (high - low)).to(torch.int64).clamp(max=bins - 1)  # [N]
+    every_bin = torch.arange(bins, device=x.device)
+    hits = (position.unsqueeze(1) == every_bin) & inside.unsqueeze(1)  # [N, bins]
+    return hits.sum(0).to(x.dtype)
+
+
+def _window_rows(size: int, out: int, device: torch.device) -> torch.Tensor:
+    """Adaptive pooling's windows along one dim as positions [out, K] (K the widest window): window i
+    covers floor(i size / out) .. ceil((i + 1) size / out) - 1; narrower ones repeat their last row,
+    which changes neither the maximum nor which position holds it first."""
+    widest = max(-(-(i + 1) * size // out) - i * size // out for i in range(out))
+    i = torch.arange(out, device=device).unsqueeze(1)  # [out, 1]
+    k = torch.arange(widest, device=device)  # [K]
+    starts, ends = i * size // out, ((i + 1) * size + out - 1) // out
+    return torch.minimum(starts + k, ends - 1)
+
+
+def _adaptive_max_pool2d(x: torch.Tensor, output_size: list[int]) -> Any:
+    """The maximum of each adaptive window of ``x`` [.., H, W] and its position (h W + w) in the plane."""
+    height, width = x.shape[-2:]
+    out_h, out_w = output_size
+    if out_h == 0 or out_w == 0 or height == 0 or width == 0:
+        return NotImplemented
+    if x.numel() // (height * width) * out_h * out_w * -(-height // out_h + 1) * -(-width // out_w + 1) > MAX_ELEMENTS:
+        return NotImplemented
+    rows, cols = _window_rows(height, out_h, x.device), _window_rows(width, out_w, x.device)  # [Ho, Kh], [Wo, Kw]
+    kh, kw = rows.shape[1], cols.shape[1]
+    picked = x.index_select(-2, rows.reshape(-1)).index_select(-1, cols.reshape(-1))  # [.., Ho Kh, Wo Kw]
+    lead = list(x.shape[:-2])
+    windows = picked.reshape(*lead, out_h, kh, out_w, kw).transpose(-3, -2)  # [.., Ho, Wo, Kh, Kw]
+    values, arg = windows.reshape(*lead, out_h, out_w, kh * kw).max(-1)  # [.., Ho, Wo]
+    # each window entry's position in the plane, [Ho, Wo, Kh Kw]
+    plane = (rows[:, None, :, None] * width + cols[None, :, None, :]).reshape(out_h, out_w, kh * kw)
+    where = plane.expand(*lead, out_h, out_w, kh * kw).gather(-1, arg.unsqueeze(-1)).squeeze(-1)
+    return values, where
+
+
+def _adaptive_max_pool2d_any(x: torch.Tensor, output_size: list[int]) -> Any:
+    """PyTorch's decomposition where the windows tile the input (a max pooling), else :func:`_adaptive_max_pool2d`."""
+    from torch._decomp import decomposition_table
+
+    tiled = decomposition_table[aten.adaptive_max_pool2d.default](x, output_size)
+    return _adaptive_max_pool2d(x, output_size) if tiled is NotImplemented else tiled
+
+
+def _angle(x: torch.Tensor) -> Any:
+    """The angle of a real number: pi for negatives, 0 otherwise, NaN for NaN."""
+    if x.is_complex():
+        return NotImplemented
+    if not x.is_floating_point():
+        x = x.to(torch.get_default_dtype())
+    return torch.where(x < 0, math.pi, torch.where(torch.isnan(x), x, 0.0))
+
+
+DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
+    aten.masked_scatter.default: _masked_scatter,
+    aten.put.default: _put,
+    aten.addbmm.default: _addbmm,
+    aten._cdist_forward.default: _cdist,
+    aten._pdist_forward.default: _pdist,
+    aten.histc.default: _histc,
+    aten.adaptive_max_pool2d.default: _adaptive_max_pool2d_any,
+    aten.angle.default: _angle,
+}
