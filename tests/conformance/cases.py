@@ -556,6 +556,15 @@ def _(g):  # type: ignore[no-untyped-def]
     return f, (x, other)
 
 
+@case("convolution_3d", atol=1e-4)
+def _(g):  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    plain = nn.Conv3d(4, 6, (3, 2, 3), stride=(2, 1, 2), padding=(1, 0, 1), dilation=(2, 1, 1), groups=2)
+    transposed = nn.ConvTranspose3d(6, 2, (3, 3, 2), stride=(3, 2, 1), padding=(1, 1, 0), output_padding=(2, 1, 0))
+    model = _module(nn.Sequential(plain, nn.ReLU(), transposed))
+    return model, (_r(g, 2, 4, 9, 6, 7),)
+
+
 # --- attention -----------------------------------------------------------------------------------
 @case("attention", atol=1e-5)
 def _(g):  # type: ignore[no-untyped-def]

@@ -121,3 +121,15 @@ def test_a_network_with_bilinear_upsampling_trains_on_the_native_engine() -> Non
     )
     x = torch.randn(2, 3, 6, 5)
     _assert_native_gradients_match_eager(model, x)  # strict: gathers forward, accumulating index_put backward
+
+
+def test_3d_convolutions_train_on_the_native_engine_as_2d_ones() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv3d(4, 6, (3, 3, 2), stride=(2, 1, 1), padding=(1, 1, 0), dilation=(1, 2, 1), groups=2),
+        torch.nn.ReLU(),
+        torch.nn.ConvTranspose3d(6, 3, 3, stride=(2, 2, 1), padding=1, output_padding=(1, 0, 0)),
+    )
+    x = torch.randn(2, 4, 7, 8, 6)
+    _assert_native_gradients_match_eager(model, x)
+    assert "aten.convolution.default" in torchburn.coverage()["native"]

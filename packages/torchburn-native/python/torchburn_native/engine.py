@@ -11,6 +11,7 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from torchburn.engines.base import Availability, Engine, NodeSpec, Program, Region
+from torchburn import convolution_3d
 from torchburn.fastpaths import FAST_PATHS
 from torchburn.hookspecs import hookimpl
 
@@ -113,7 +114,8 @@ class NativeEngine(Engine):
         return frozenset(keep)
 
     def extra_decompositions(self) -> dict[Any, Callable[..., Any]]:
-        return dict(FAST_PATHS)
+        # its convolution kernels are 1-D and 2-D: 3-D ones become sums of 2-D ones
+        return {**FAST_PATHS, **convolution_3d.DECOMPOSITIONS}
 
     def supports(self, node: NodeSpec) -> bool | str:
         for spec in (*node.inputs, *node.outputs):

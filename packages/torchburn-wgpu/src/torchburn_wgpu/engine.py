@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from torchburn.engines.base import Availability, Engine, NodeSpec, Program, Region
+from torchburn import convolution_3d
 from torchburn.fastpaths import FAST_PATHS
 from torchburn.hookspecs import hookimpl
 
@@ -39,7 +40,8 @@ class WgpuEngine(Engine):
         return keep_whole()
 
     def extra_decompositions(self) -> dict[Any, Callable[..., Any]]:
-        return dict(FAST_PATHS)
+        # its convolution kernels are 1-D and 2-D: 3-D ones become sums of 2-D ones
+        return {**FAST_PATHS, **convolution_3d.DECOMPOSITIONS}
 
     def supports(self, node: NodeSpec) -> bool | str:
         device = gpu()
