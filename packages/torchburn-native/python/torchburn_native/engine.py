@@ -10,8 +10,8 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from torchburn.engines.base import Availability, Engine, NodeSpec, Program, Region
 from torchburn import convolution_3d
+from torchburn.engines.base import Availability, Engine, NodeSpec, Program, Region
 from torchburn.fastpaths import FAST_PATHS
 from torchburn.hookspecs import hookimpl
 

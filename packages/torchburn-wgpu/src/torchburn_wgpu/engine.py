@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from torchburn.engines.base import Availability, Engine, NodeSpec, Program, Region
 from torchburn import convolution_3d
+from torchburn.engines.base import Availability, Engine, NodeSpec, Program, Region
 from torchburn.fastpaths import FAST_PATHS
 from torchburn.hookspecs import hookimpl
 
