@@ -565,6 +565,25 @@ def _(g):  # type: ignore[no-untyped-def]
     return model, (_r(g, 2, 4, 9, 6, 7),)
 
 
+@case("separable_resampling_and_pooling", atol=1e-4)
+def _(g):  # type: ignore[no-untyped-def]
+    def f(img: torch.Tensor, vol: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            F.interpolate(img, size=(5, 9), mode="bilinear", antialias=True),  # down: the filter widens
+            F.interpolate(img, scale_factor=(1.5, 0.4), mode="bilinear", antialias=True),
+            F.interpolate(img, size=(4, 20), mode="bicubic", antialias=True, align_corners=True),
+            F.interpolate(img, scale_factor=0.3, mode="bicubic", antialias=True, recompute_scale_factor=False),
+            F.avg_pool3d(vol, 3, stride=2, padding=1),
+            F.avg_pool3d(vol, (2, 3, 2), stride=(1, 2, 3), padding=(1, 1, 0), count_include_pad=False),
+            F.avg_pool3d(vol, 3, stride=2, padding=1, ceil_mode=True, count_include_pad=False),
+            F.avg_pool3d(vol, 2, divisor_override=3),
+            F.adaptive_avg_pool3d(vol, (3, 4, 2)),
+            F.adaptive_avg_pool3d(vol, 1),
+        )
+
+    return f, (_r(g, 2, 3, 11, 17), _r(g, 2, 3, 7, 9, 6))
+
+
 # --- attention -----------------------------------------------------------------------------------
 @case("attention", atol=1e-5)
 def _(g):  # type: ignore[no-untyped-def]

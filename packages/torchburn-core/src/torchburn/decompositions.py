@@ -13,7 +13,8 @@ tensor values while it is traced, which a graph of fake tensors cannot give. Whe
 usable, core has its own (:data:`OWN`): ``flip`` as gathers, ``searchsorted`` as a comparison and a
 sum, the gradients of convolution and attention as convolutions and matmuls, ``torch.special``'s
 functions as elementwise arithmetic (:mod:`.special_functions`), order statistics as a sort and a gather
-(:mod:`.order_statistics`), and a few composites more (:mod:`.composites`).
+(:mod:`.order_statistics`), resampling and 3-D average pooling
+as matrix products (:mod:`.separable`), and a few composites more (:mod:`.composites`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 from torch._decomp import decomposition_table as _torch_table
 
-from . import composites, order_statistics, special_functions
+from . import composites, order_statistics, separable, special_functions
 
 aten = torch.ops.aten
 
@@ -276,6 +277,7 @@ OWN: dict[Any, Callable[..., Any]] = {
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _flash_attention_backward,
     **composites.DECOMPOSITIONS,
     **order_statistics.DECOMPOSITIONS,
+    **separable.DECOMPOSITIONS,
     **special_functions.DECOMPOSITIONS,
 }
 
