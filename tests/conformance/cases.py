@@ -584,6 +584,24 @@ def _(g):  # type: ignore[no-untyped-def]
     return f, (_r(g, 2, 3, 11, 17), _r(g, 2, 3, 7, 9, 6))
 
 
+@case("scatter_reductions")
+def _(g):  # type: ignore[no-untyped-def]
+    index = torch.tensor([[0, 2, 2, 4], [1, 1, 3, 0], [4, 4, 4, 4]])  # repeats; row 2 misses most targets
+
+    def f(x: torch.Tensor, src: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            *(
+                x.scatter_reduce(1, index, src, reduce, include_self=include_self)
+                for reduce in ("sum", "prod", "mean", "amax", "amin")
+                for include_self in (True, False)
+            ),
+            x.max(),
+            x.min(),
+        )
+
+    return f, (_r(g, 3, 6), _r(g, 3, 4))
+
+
 # --- attention -----------------------------------------------------------------------------------
 @case("attention", atol=1e-5)
 def _(g):  # type: ignore[no-untyped-def]

@@ -8,7 +8,9 @@ primitives every engine has: scans, gathers, ``index_put``, matmuls, reductions 
 - counting: ``histc`` (each element's bin, compared with every bin and summed);
 - pooling: adaptive max pooling whose windows do not tile the input (PyTorch handles only the tiling
   case), as gathers of each window's rows and columns and an argmax;
-- ``angle`` of a real tensor.
+- ``angle`` of a real tensor, ``max()``/``min()`` of a whole tensor as ``amax``/``amin``;
+- ``scatter_reduce``'s ``include_self=False`` and ``mean`` from its plain form (:func:`scatter_reduce_by_parts`,
+  for engines to add to their tables).
 
 Each returns ``NotImplemented`` where it does not apply (the op then stays whole, and falls back where
 the engine lacks it), including where the broadcast it builds would take more than :data:`MAX_ELEMENTS`.
@@ -159,6 +161,36 @@ def _adaptive_max_pool2d_any(x: torch.Tensor, output_size: list[int]) -> Any:
     return _adaptive_max_pool2d(x, output_size) if tiled is NotImplemented else tiled
 
 
+def scatter_reduce_by_parts(
+    x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, reduce: str, *, include_self: bool = True
+) -> Any:
+    """``scatter_reduce`` without ``self`` at the written positions, or as a ``mean``, from the plain form
+    (``include_self=True`` with sum, prod, amax or amin): written positions first take the reduction's
+    identity; a mean is a sum over a count. For engines whose scatter has only the plain form."""
+    if include_self and reduce != "mean":
+        return NotImplemented
+    if not x.is_floating_point():
+        return NotImplemented  # integer identities and integer means: left to the op
+    identity = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "amax": -math.inf, "amin": math.inf}[reduce]
+    # scatters of a tensor (not of a scalar, which fewer engines have)
+    base = x if include_self else x.scatter(dim, index, torch.full_like(index, identity, dtype=x.dtype))
+    if reduce != "mean":
+        return aten.scatter_reduce.two(base, dim, index, src, reduce, include_self=True)
+    total = aten.scatter_reduce.two(base, dim, index, src, "sum", include_self=True)
+    ones = torch.ones_like(x)
+    counts = ones if include_self else ones.scatter(dim, index, torch.zeros_like(index, dtype=x.dtype))
+    counts = counts.scatter_add(dim, index, torch.ones_like(src))
+    return torch.where(counts > 0, total / counts, total)
+
+
+def _max_of_all(x: torch.Tensor) -> Any:
+    return torch.amax(x)  # NaN anywhere gives NaN, an empty tensor PyTorch's error, as max() does
+
+
+def _min_of_all(x: torch.Tensor) -> Any:
+    return torch.amin(x)
+
+
 def _angle(x: torch.Tensor) -> Any:
     """The angle of a real number: pi for negatives, 0 otherwise, NaN for NaN."""
     if x.is_complex():
@@ -169,6 +201,8 @@ def _angle(x: torch.Tensor) -> Any:
 
 
 DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
+    aten.max.default: _max_of_all,
+    aten.min.default: _min_of_all,
     aten.masked_scatter.default: _masked_scatter,
     aten.put.default: _put,
     aten.addbmm.default: _addbmm,

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from torchburn import convolution_3d
+from torchburn import composites, convolution_3d
 from torchburn.engines.base import Availability, Engine, NodeSpec, Program, Region
 from torchburn.fastpaths import FAST_PATHS
 from torchburn.hookspecs import hookimpl
@@ -17,6 +17,8 @@ from .device import DeviceUnavailable, gpu, requested_backend
 from .lowering import OPS, keep_whole
 from .program import CompiledRegion
 from .values import SUPPORTED_DTYPES, element_bytes, numel
+
+aten = torch.ops.aten
 
 
 class WgpuEngine(Engine):
@@ -40,8 +42,13 @@ class WgpuEngine(Engine):
         return keep_whole()
 
     def extra_decompositions(self) -> dict[Any, Callable[..., Any]]:
-        # its convolution kernels are 1-D and 2-D: 3-D ones become sums of 2-D ones
-        return {**FAST_PATHS, **convolution_3d.DECOMPOSITIONS}
+        # its convolution kernels are 1-D and 2-D: 3-D ones become sums of 2-D ones; its scatter
+        # combines into the written positions only
+        return {
+            **FAST_PATHS,
+            **convolution_3d.DECOMPOSITIONS,
+            aten.scatter_reduce.two: composites.scatter_reduce_by_parts,
+        }
 
     def supports(self, node: NodeSpec) -> bool | str:
         device = gpu()
