@@ -602,6 +602,25 @@ def _(g):  # type: ignore[no-untyped-def]
     return f, (_r(g, 3, 6), _r(g, 3, 4))
 
 
+@case("positional_writes")
+def _(g):  # type: ignore[no-untyped-def]
+    index = torch.tensor([3, 0, 3, 1])
+
+    def f(x: torch.Tensor, cube: torch.Tensor, src: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            torch.diagonal_scatter(x, src[0, :5]),
+            torch.diagonal_scatter(x, src[1, :4], offset=2),
+            torch.diagonal_scatter(x, src[2, :4], offset=-1),
+            torch.diagonal_scatter(cube, src[:3, :3], 1, 2, 0),  # dims out of order, a batch dim between
+            torch.as_strided_scatter(x, src[:2, :3], (2, 3), (7, 2), 1),
+            x.index_reduce(0, index, src[:4], "mean"),
+            x.index_reduce(1, torch.tensor([1, 1, 5]), src[:5, :3], "amax", include_self=False),
+            x[0, 0].index_reduce(0, torch.tensor([0]), src[0, 0], "prod"),
+        )
+
+    return f, (_r(g, 5, 6), _r(g, 4, 3, 5), _r(g, 5, 6))
+
+
 # --- attention -----------------------------------------------------------------------------------
 @case("attention", atol=1e-5)
 def _(g):  # type: ignore[no-untyped-def]

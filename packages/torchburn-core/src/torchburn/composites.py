@@ -1,8 +1,9 @@
 """Core's own decompositions of composite ops PyTorch leaves whole (or decomposes only in part), into the
 primitives every engine has: scans, gathers, ``index_put``, matmuls, reductions and elementwise math.
 
-- writes at positions: ``masked_scatter`` (a running count picks each element's source), ``put``
-  (an ``index_put`` on the flattened tensor);
+- writes at positions: ``masked_scatter`` (a running count picks each element's source), ``put`` and
+  ``as_strided_scatter`` (an ``index_put`` on the flattened tensor), ``diagonal_scatter`` (a ``where``
+  over the diagonal's plane), ``index_reduce`` (a ``scatter_reduce`` with the index spread);
 - products and distances: ``addbmm`` (a batched matmul summed over the batch), ``cdist``/``pdist``
   (broadcast differences and a norm);
 - counting: ``histc`` (each element's bin, compared with every bin and summed);
@@ -183,6 +184,56 @@ def scatter_reduce_by_parts(
     return torch.where(counts > 0, total / counts, total)
 
 
+def _index_reduce(
+    x: torch.Tensor,
+    dim: int,
+    index: torch.Tensor,
+    source: torch.Tensor,
+    reduce: str,
+    *,
+    include_self: bool = True,
+) -> Any:
+    """``scatter_reduce`` with ``index`` [K] spread over ``source``'s other dims (0-d operands as one element)."""
+    if source.dim() == 0:
+        out = _index_reduce(x.reshape(1), 0, index.reshape(1), source.reshape(1), reduce, include_self=include_self)
+        return out.reshape(())
+    dim = dim % source.dim()
+    shape = [1] * source.dim()
+    shape[dim] = -1
+    spread = index.reshape(shape).expand(source.shape)
+    return aten.scatter_reduce.two(x, dim, spread, source, reduce, include_self=include_self)
+
+
+def _diagonal_scatter(x: torch.Tensor, src: torch.Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Any:
+    """``x`` with its diagonal (``offset``, over ``dim1`` and ``dim2``) replaced by ``src``: each position
+    of the (dim1, dim2) plane takes ``src``'s entry for its diagonal step where it lies on the diagonal."""
+    dim1, dim2 = dim1 % x.dim(), dim2 % x.dim()
+    rows, cols = x.shape[dim1], x.shape[dim2]
+    length = src.shape[-1]
+    if length == 0:
+        return x.clone()
+    i = torch.arange(rows, device=x.device).unsqueeze(1)  # [rows, 1]
+    j = torch.arange(cols, device=x.device)  # [cols]
+    on = (j - i) == offset  # [rows, cols]
+    step = torch.clamp(i if offset >= 0 else j, max=length - 1).expand(rows, cols)
+    plane = src.index_select(-1, step.reshape(-1)).reshape(*src.shape[:-1], rows, cols)
+    plane = plane.movedim((-2, -1), (dim1, dim2))  # the plane's dims where x has them
+    mask_shape = [1] * x.dim()
+    mask_shape[dim1], mask_shape[dim2] = rows, cols
+    mask = on.reshape(mask_shape) if dim1 < dim2 else on.t().reshape(mask_shape)
+    return torch.where(mask, plane, x)
+
+
+def _as_strided_scatter(
+    x: torch.Tensor, src: torch.Tensor, size: list[int], stride: list[int], storage_offset: int | None = None
+) -> Any:
+    """``x`` (seen as contiguous) with the elements of its ``as_strided`` view replaced by ``src``: the
+    view's positions are the same view of the element numbers, written by one ``index_put``."""
+    positions = torch.arange(x.numel(), device=x.device).as_strided(size, stride, storage_offset or 0)
+    written = aten.index_put.default(x.reshape(-1), [positions.reshape(-1)], src.reshape(-1))
+    return written.reshape(x.shape)
+
+
 def _max_of_all(x: torch.Tensor) -> Any:
     return torch.amax(x)  # NaN anywhere gives NaN, an empty tensor PyTorch's error, as max() does
 
@@ -201,6 +252,9 @@ def _angle(x: torch.Tensor) -> Any:
 
 
 DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
+    aten.index_reduce.default: _index_reduce,
+    aten.diagonal_scatter.default: _diagonal_scatter,
+    aten.as_strided_scatter.default: _as_strided_scatter,
     aten.max.default: _max_of_all,
     aten.min.default: _min_of_all,
     aten.masked_scatter.default: _masked_scatter,
