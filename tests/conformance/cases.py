@@ -621,6 +621,26 @@ def _(g):  # type: ignore[no-untyped-def]
     return f, (_r(g, 5, 6), _r(g, 4, 3, 5), _r(g, 5, 6))
 
 
+@case("bags_and_bilinear")
+def _(g):  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    bilinear = nn.Bilinear(6, 4, 5)
+    indices = torch.tensor([3, 0, 7, 7, 2, 9, 1, 0])
+    offsets = torch.tensor([0, 3, 3, 6])  # bag 1 is empty
+
+    def f(table: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            bilinear(x1, x2),
+            F.embedding_bag(indices, table, offsets, mode="sum", per_sample_weights=weights),
+            F.embedding_bag(indices, table, offsets, mode="mean", padding_idx=7),
+            F.embedding_bag(indices, table, offsets, mode="max"),
+            F.embedding_bag(indices, table, torch.tensor([0, 2, 8]), mode="mean", include_last_offset=True),
+            F.embedding_bag(indices.reshape(2, 4), table, mode="max"),  # fixed-size bags
+        )
+
+    return f, (_r(g, 10, 5), _r(g, 3, 6), _r(g, 3, 4), _r(g, 8))
+
+
 # --- attention -----------------------------------------------------------------------------------
 @case("attention", atol=1e-5)
 def _(g):  # type: ignore[no-untyped-def]

@@ -4,8 +4,9 @@ primitives every engine has: scans, gathers, ``index_put``, matmuls, reductions 
 - writes at positions: ``masked_scatter`` (a running count picks each element's source), ``put`` and
   ``as_strided_scatter`` (an ``index_put`` on the flattened tensor), ``diagonal_scatter`` (a ``where``
   over the diagonal's plane), ``index_reduce`` (a ``scatter_reduce`` with the index spread);
-- products and distances: ``addbmm`` (a batched matmul summed over the batch), ``cdist``/``pdist``
-  (broadcast differences and a norm);
+- products and distances: ``addbmm`` (a batched matmul summed over the batch), ``_trilinear`` (an
+  ``einsum``), ``cdist``/``pdist`` (broadcast differences and a norm);
+- ``embedding_bag`` in inference: gathers scattered into their bags;
 - counting: ``histc`` (each element's bin, compared with every bin and summed);
 - pooling: adaptive max pooling whose windows do not tile the input (PyTorch handles only the tiling
   case), as gathers of each window's rows and columns and an argmax;
@@ -121,6 +122,73 @@ def _histc(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> 
     every_bin = torch.arange(bins, device=x.device)
     hits = (position.unsqueeze(1) == every_bin) & inside.unsqueeze(1)  # [N, bins]
     return hits.sum(0).to(x.dtype)
+
+
+def _trilinear(
+    i1: torch.Tensor,
+    i2: torch.Tensor,
+    i3: torch.Tensor,
+    expand1: list[int],
+    expand2: list[int],
+    expand3: list[int],
+    sumdim: list[int],
+    unroll_dim: int = 1,
+) -> Any:
+    """The product of three operands, each missing the dims ``expand*`` names, summed over ``sumdim``:
+    one ``einsum`` (which contracts pairwise through matmuls, never forming the full product)."""
+    rank = i1.dim() + len(expand1)
+    if rank > 26:
+        return NotImplemented
+    letters = "abcdefghijklmnopqrstuvwxyz"[:rank]
+
+    def subscript(expanded: list[int]) -> str:
+        return "".join(c for d, c in enumerate(letters) if d not in expanded)
+
+    summed = set(sumdim)
+    output = "".join(c for d, c in enumerate(letters) if d not in summed)
+    equation = f"{subscript(expand1)},{subscript(expand2)},{subscript(expand3)}->{output}"
+    return torch.einsum(equation, i1, i2, i3)
+
+
+def _embedding_bag_forward_only(
+    weight: torch.Tensor,
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    scale_grad_by_freq: bool = False,
+    mode: int = 0,
+    sparse: bool = False,
+    per_sample_weights: torch.Tensor | None = None,
+    include_last_offset: bool = False,
+    padding_idx: int = -1,
+) -> Any:
+    """Bags of embedding rows reduced by sum (mode 0), mean (1) or max (2): each index's bag is the
+    number of offsets at or before its position; rows are gathered, weighted, and scattered into their
+    bag. Only the bags come out exact; the bookkeeping outputs (which inference never reads) are the bag
+    of each index, each bag's size and zeros."""
+    if indices.dim() != 1 or weight.dim() != 2:
+        return NotImplemented
+    count, width = indices.shape[0], weight.shape[1]
+    bags = offsets.shape[0] - (1 if include_last_offset else 0)
+    starts = offsets[:bags]
+    position = torch.arange(count, device=indices.device)
+    bag = (starts.unsqueeze(0) <= position.unsqueeze(1)).sum(1) - 1  # [count]
+    keep = torch.ones_like(indices, dtype=torch.bool) if padding_idx < 0 else indices != padding_idx
+    rows = weight.index_select(0, indices)  # [count, width]
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.unsqueeze(1)
+    sizes = torch.zeros(bags, dtype=torch.int64, device=weight.device).scatter_add(0, bag, keep.to(torch.int64))
+    spread = bag.unsqueeze(1).expand(count, width)
+    if mode == 2:
+        lowest = torch.full_like(rows, -math.inf)
+        start = torch.full((bags, width), -math.inf, dtype=weight.dtype, device=weight.device)
+        best = start.scatter_reduce(0, spread, torch.where(keep.unsqueeze(1), rows, lowest), "amax")
+        out = torch.where(sizes.unsqueeze(1) > 0, best, torch.zeros_like(best))
+    else:
+        kept = torch.where(keep.unsqueeze(1), rows, torch.zeros_like(rows))
+        out = torch.zeros((bags, width), dtype=weight.dtype, device=weight.device).scatter_add(0, spread, kept)
+        if mode == 1:
+            out = out / sizes.clamp(min=1).unsqueeze(1).to(out.dtype)
+    return out, bag, sizes, torch.zeros((bags, width), dtype=torch.int64, device=weight.device)
 
 
 def _window_rows(size: int, out: int, device: torch.device) -> torch.Tensor:
@@ -263,6 +331,8 @@ DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten._cdist_forward.default: _cdist,
     aten._pdist_forward.default: _pdist,
     aten.histc.default: _histc,
+    aten._trilinear.default: _trilinear,
+    aten._embedding_bag_forward_only.default: _embedding_bag_forward_only,
     aten.adaptive_max_pool2d.default: _adaptive_max_pool2d_any,
     aten.angle.default: _angle,
 }
