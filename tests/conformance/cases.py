@@ -641,6 +641,39 @@ def _(g):  # type: ignore[no-untyped-def]
     return f, (_r(g, 10, 5), _r(g, 3, 6), _r(g, 3, 4), _r(g, 8))
 
 
+@case("small_linear_algebra", atol=1e-4)
+def _(g):  # type: ignore[no-untyped-def]
+    def f(a: torch.Tensor, b: torch.Tensor, wide: torch.Tensor) -> tuple[Any, ...]:
+        spd = a @ a.mT + torch.eye(5)  # [3, 5, 5], positive definite
+        singular = a[0].clone()
+        singular[4] = singular[1] * 2  # det 0: a zero pivot appears
+        low = torch.linalg.cholesky(spd)
+        factors, pivots = torch.linalg.lu_factor(a)
+        return (
+            torch.linalg.solve(a, b),
+            torch.linalg.solve(a, b[0, :, 0]),  # one right-hand side as a vector, batch broadcast
+            torch.linalg.solve(a, b.mT, left=False),
+            torch.linalg.inv(a),
+            torch.linalg.det(a),
+            torch.linalg.det(singular),
+            *torch.linalg.slogdet(a),
+            low,
+            torch.linalg.cholesky(spd, upper=True),
+            torch.cholesky_solve(b, low),
+            torch.cholesky_inverse(low),
+            torch.linalg.lu_solve(factors, pivots, b),
+            torch.linalg.lu_solve(factors, pivots, b, adjoint=True),
+            torch.linalg.lu_solve(factors, pivots, b.mT, left=False),
+            *torch.linalg.lu(wide),  # rectangular: P [4, 4], L [4, 4], U [4, 6]
+            *torch.linalg.lu(wide.mT),
+            torch.linalg.solve_triangular(low, b, upper=False),
+            torch.linalg.solve_triangular(low.mT, b.mT, upper=True, left=False, unitriangular=True),
+            torch.triangular_solve(b, low, upper=False, transpose=True).solution,
+        )
+
+    return f, (_r(g, 3, 5, 5) + 3 * torch.eye(5), _r(g, 3, 5, 2), _r(g, 4, 6))
+
+
 # --- attention -----------------------------------------------------------------------------------
 @case("attention", atol=1e-5)
 def _(g):  # type: ignore[no-untyped-def]

@@ -324,3 +324,10 @@ def test_a_region_keeps_a_bounded_number_of_plans_least_recently_used_first(gpu_
     assert seen[program.PLANS_KEPT + 4] in region.plans
     assert seen[2] not in region.plans and seen[4] not in region.plans
     assert call(2) in region.plans  # planned again, with eager's values
+
+
+def test_reductions_over_values_with_no_elements(gpu_compile: Callable[..., Any]) -> None:
+    # the zero-element product is never computed (its launch is empty) but the sum still binds it
+    a, b = torch.randn(3, 0), torch.randn(3, 0)
+    out = gpu_compile(lambda a, b: ((a * b).sum(-1), torch.linalg.det(a[:0, :0])))(a, b)
+    torch.testing.assert_close(out, ((a * b).sum(-1), torch.tensor(1.0)))

@@ -10,7 +10,7 @@ primitives every engine has: scans, gathers, ``index_put``, matmuls, reductions 
 - counting: ``histc`` (each element's bin, compared with every bin and summed);
 - pooling: adaptive max pooling whose windows do not tile the input (PyTorch handles only the tiling
   case), as gathers of each window's rows and columns and an argmax;
-- ``angle`` of a real tensor, ``max()``/``min()`` of a whole tensor as ``amax``/``amin``;
+- ``eye`` from int64 ranges, ``angle`` of a real tensor, ``max()``/``min()`` of a whole tensor as ``amax``/``amin``;
 - ``scatter_reduce``'s ``include_self=False`` and ``mean`` from its plain form (:func:`scatter_reduce_by_parts`,
   for engines to add to their tables).
 
@@ -302,6 +302,22 @@ def _as_strided_scatter(
     return written.reshape(x.shape)
 
 
+def _eye(
+    n: int,
+    m: int | None = None,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: bool | None = None,
+) -> Any:
+    """The identity as a comparison of two int64 ranges (PyTorch's own counts in uint8, which not every
+    engine stores)."""
+    m = n if m is None else m
+    rows = torch.arange(n, device=device).unsqueeze(1)
+    return (rows == torch.arange(m, device=device)).to(dtype or torch.get_default_dtype())
+
+
 def _max_of_all(x: torch.Tensor) -> Any:
     return torch.amax(x)  # NaN anywhere gives NaN, an empty tensor PyTorch's error, as max() does
 
@@ -323,6 +339,8 @@ DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten.index_reduce.default: _index_reduce,
     aten.diagonal_scatter.default: _diagonal_scatter,
     aten.as_strided_scatter.default: _as_strided_scatter,
+    aten.eye.default: _eye,
+    aten.eye.m: _eye,
     aten.max.default: _max_of_all,
     aten.min.default: _min_of_all,
     aten.masked_scatter.default: _masked_scatter,

@@ -14,7 +14,8 @@ usable, core has its own (:data:`OWN`): ``flip`` as gathers, ``searchsorted`` as
 sum, the gradients of convolution and attention as convolutions and matmuls, ``torch.special``'s
 functions as elementwise arithmetic (:mod:`.special_functions`), order statistics as a sort and a gather
 (:mod:`.order_statistics`), resampling and 3-D average pooling
-as matrix products (:mod:`.separable`), and a few composites more (:mod:`.composites`).
+as matrix products (:mod:`.separable`), small LU and Cholesky factorisations and
+solves unrolled (:mod:`.linalg`), and a few composites more (:mod:`.composites`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 from torch._decomp import decomposition_table as _torch_table
 
-from . import composites, order_statistics, separable, special_functions
+from . import composites, linalg, order_statistics, separable, special_functions
 
 aten = torch.ops.aten
 
@@ -276,6 +277,7 @@ OWN: dict[Any, Callable[..., Any]] = {
     aten.convolution_backward.default: _convolution_backward,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _flash_attention_backward,
     **composites.DECOMPOSITIONS,
+    **linalg.DECOMPOSITIONS,
     **order_statistics.DECOMPOSITIONS,
     **separable.DECOMPOSITIONS,
     **special_functions.DECOMPOSITIONS,

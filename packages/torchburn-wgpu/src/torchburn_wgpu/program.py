@@ -194,6 +194,11 @@ class Plan:
             if slot.input_index is not None or s == self.error_slot:
                 buffers[s] = new(size(s))
         for step, launch in enumerate(self.launches):
+            for read in launch.slots[launch.writes :]:
+                # a value with zero elements, whose own (empty) launch was dropped, still needs a
+                # buffer to bind: a reduction over it (a sum, a product) reads nothing from it
+                if read not in buffers:
+                    buffers[read] = new(size(read))
             for written in launch.slots[: launch.writes]:
                 if written in buffers:
                     continue
