@@ -669,6 +669,10 @@ def _(g):  # type: ignore[no-untyped-def]
             torch.linalg.solve_triangular(low, b, upper=False),
             torch.linalg.solve_triangular(low.mT, b.mT, upper=True, left=False, unitriangular=True),
             torch.triangular_solve(b, low, upper=False, transpose=True).solution,
+            *torch.linalg.qr(wide),
+            *torch.linalg.qr(wide.mT, mode="complete"),
+            torch.linalg.qr(a, mode="r").R,
+            torch.ormqr(*torch.geqrf(wide.mT), wide[:2], left=False, transpose=True),
         )
 
     return f, (_r(g, 3, 5, 5) + 3 * torch.eye(5), _r(g, 3, 5, 2), _r(g, 4, 6))

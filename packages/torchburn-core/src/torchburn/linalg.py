@@ -7,7 +7,8 @@ updates the whole matrix through masks built from ``arange`` grids rather than s
 these ops meet in models (covariances, small systems, batches of 3x3); past :data:`MAX_ORDER` the op
 stays whole and falls back. Results follow LAPACK's conventions: ``getrf``'s pivot is the first largest
 magnitude in the column, a zero pivot leaves its column unscaled and sets ``info``; pivots are 1-based
-int32; ``potrf``'s ``info`` is the order of the first minor that is not positive definite.
+int32; ``potrf``'s ``info`` is the order of the first minor that is not positive definite; ``geqrf``'s
+reflectors take ``beta = -sign(alpha) ||x||``, which fixes QR's signs.
 Eigen- and singular-value decompositions (whose vectors are defined only up to sign) are not here.
 """
 
@@ -296,7 +297,94 @@ def _cholesky_inverse(factor: torch.Tensor, upper: bool = False) -> Any:
     return _cholesky_solve(eye, factor, upper)
 
 
+# ---- QR (Householder) ----------------------------------------------------------------------------------
+def _geqrf(a: torch.Tensor) -> Any:
+    """LAPACK's ``geqrf``: R on and above the diagonal, each reflector's vector below it (its leading 1
+    implied) and the reflectors' ``tau``. Reflector k maps column k's part from row k on to
+    ``beta e_1`` with ``beta = -sign(alpha) ||x||`` (``larfg``); a column already zero below the
+    diagonal gets ``tau = 0``."""
+    if not _small(a):
+        return NotImplemented
+    m, n = a.shape[-2:]
+    rows = torch.arange(m, device=a.device)  # [m]
+    cols = torch.arange(n, device=a.device)  # [n]
+    taus = [torch.zeros((*a.shape[:-2], 0), dtype=a.dtype, device=a.device)]
+    for k in range(min(m, n)):
+        column = a[..., :, k]  # [.., m]
+        alpha = column[..., k : k + 1]  # [.., 1]
+        below = torch.where(rows > k, column, torch.zeros_like(column))
+        rest = (below * below).sum(-1, keepdim=True).sqrt()  # [.., 1]
+        reflect = rest != 0
+        beta = -torch.copysign(torch.hypot(alpha, rest), alpha)
+        tau = torch.where(reflect, (beta - alpha) / beta, torch.zeros_like(alpha))
+        scaled = torch.where(reflect, below / (alpha - beta), below)
+        v = torch.where(rows == k, torch.ones_like(column), scaled)  # [.., m], zero above row k
+        # H = I - tau v v^T on the columns right of k
+        w = (v.unsqueeze(-1) * a).sum(-2)  # [.., n]
+        a = torch.where(cols > k, a - tau.unsqueeze(-1) * v.unsqueeze(-1) * w.unsqueeze(-2), a)
+        stored = torch.where(rows == k, torch.where(reflect, beta, alpha), scaled)
+        a = torch.where((cols == k) & (rows >= k).unsqueeze(1), stored.unsqueeze(-1), a)
+        taus.append(tau)
+    return a, torch.cat(taus, -1)
+
+
+def _reflector(packed: torch.Tensor, k: int) -> torch.Tensor:
+    """Householder vector k [.., m] of ``geqrf``'s packed output: 0 above row k, 1 at it, stored below."""
+    m = packed.shape[-2]
+    rows = torch.arange(m, device=packed.device)
+    column = packed[..., :, k]
+    return torch.where(rows > k, column, (rows == k).to(packed.dtype))
+
+
+def _apply_reflectors(packed: torch.Tensor, tau: torch.Tensor, c: torch.Tensor, ascending: bool) -> torch.Tensor:
+    """``H_i c`` for i = 0..k-1 in the order asked (each H = I - tau v v^T), from the left."""
+    count = tau.shape[-1]
+    for k in range(count) if ascending else reversed(range(count)):
+        v = _reflector(packed, k)  # [.., m]
+        t = tau[..., k : k + 1].unsqueeze(-1)  # [.., 1, 1]
+        c = c - t * v.unsqueeze(-1) * (v.unsqueeze(-1) * c).sum(-2, keepdim=True)
+    return c
+
+
+def _householder_product(packed: torch.Tensor, tau: torch.Tensor) -> Any:
+    """``orgqr``: the first n columns of H_0 H_1 ... H_{k-1}."""
+    if not _small(packed) or tau.shape[-1] > packed.shape[-1]:
+        return NotImplemented
+    m, n = packed.shape[-2:]
+    eye = (torch.arange(m, device=packed.device).unsqueeze(1) == torch.arange(n, device=packed.device)).to(packed.dtype)
+    return _apply_reflectors(packed, tau, eye.expand(*packed.shape[:-2], m, n), ascending=False)
+
+
+def _ormqr(packed: torch.Tensor, tau: torch.Tensor, c: torch.Tensor, left: bool = True, transpose: bool = False) -> Any:
+    """``Q c``, ``Q^T c``, ``c Q`` or ``c Q^T`` for Q = H_0 ... H_{k-1} given by its reflectors."""
+    if not _small(packed) or packed.is_complex():
+        return NotImplemented
+    if left:
+        return _apply_reflectors(packed, tau, c, ascending=transpose)
+    # c Q = (Q^T c^T)^T, c Q^T = (Q c^T)^T
+    return _apply_reflectors(packed, tau, c.transpose(-2, -1), ascending=not transpose).transpose(-2, -1)
+
+
+def _linalg_qr(a: torch.Tensor, mode: str = "reduced") -> Any:
+    if mode not in ("reduced", "complete", "r") or not _small(a):
+        return NotImplemented
+    m, n = a.shape[-2:]
+    packed, tau = _geqrf(a)
+    k = min(m, n)
+    columns = m if mode == "complete" else k
+    rows = torch.arange(m, device=a.device).unsqueeze(1)
+    r = torch.where(torch.arange(n, device=a.device) >= rows, packed, torch.zeros_like(packed))[..., :columns, :]
+    if mode == "r":
+        return a.new_zeros(0), r  # PyTorch's empty Q
+    eye = (rows == torch.arange(columns, device=a.device)).to(a.dtype).expand(*a.shape[:-2], m, columns)
+    return _apply_reflectors(packed, tau, eye, ascending=False), r
+
+
 DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
+    aten.geqrf.default: _geqrf,
+    aten.linalg_householder_product.default: _householder_product,
+    aten.ormqr.default: _ormqr,
+    aten.linalg_qr.default: _linalg_qr,
     aten.linalg_lu_factor_ex.default: _lu_factor_ex,
     aten.linalg_lu.default: _linalg_lu,
     aten.lu_unpack.default: _lu_unpack,
