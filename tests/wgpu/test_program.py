@@ -331,3 +331,15 @@ def test_reductions_over_values_with_no_elements(gpu_compile: Callable[..., Any]
     a, b = torch.randn(3, 0), torch.randn(3, 0)
     out = gpu_compile(lambda a, b: ((a * b).sum(-1), torch.linalg.det(a[:0, :0])))(a, b)
     torch.testing.assert_close(out, ((a * b).sum(-1), torch.tensor(1.0)))
+
+
+def test_a_fused_expression_over_more_buffers_than_a_kernel_binds_is_split(gpu_compile: Callable[..., Any]) -> None:
+    xs = [torch.randn(7) for _ in range(gpu().max_storage_buffers + 8)]  # one fused kernel would read all
+
+    def total(*xs: torch.Tensor) -> torch.Tensor:
+        out = xs[0]
+        for k, x in enumerate(xs[1:]):
+            out = out * x + k  # each partial result is used once: one expression over every input
+        return out
+
+    torch.testing.assert_close(gpu_compile(total)(*xs), total(*xs))

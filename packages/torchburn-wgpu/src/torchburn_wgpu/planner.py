@@ -25,6 +25,13 @@ from .values import KINDS, SUPPORTED_DTYPES, WGSL_TYPES, Value, broadcast_stride
 TABLE = LoweringTable("wgpu")
 # the PlanContext limit planning reads: storage buffers one kernel may bind
 MAX_BINDINGS = "max-storage-buffers-per-shader-stage"
+# the dtype a computed value of each compute type is stored as between kernels
+STORAGE_DTYPES: dict[ComputeType, torch.dtype] = {
+    "f32": torch.float32,
+    "f64": torch.float64,
+    "int": torch.int32,
+    "bool": torch.bool,
+}
 
 __all__ = ["TABLE", "Lazy", "PlanError", "Planner", "Slot", "Tensorish", "constant"]
 
@@ -124,6 +131,10 @@ class Planner(GraphWalk):
         leaves: list[Value] = expr.leaves(tree)
         slots = list(dict.fromkeys(leaf.slot for leaf in leaves))
         if len(slots) + 2 > self.max_bindings:
+            tree = self._fit_bindings(tree, out.shape)
+            leaves = expr.leaves(tree)
+            slots = list(dict.fromkeys(leaf.slot for leaf in leaves))
+        if len(slots) + 2 > self.max_bindings:
             raise PlanError(
                 f"a fused kernel would bind {len(slots) + 2} buffers; the adapter allows {self.max_bindings}"
             )
@@ -156,6 +167,31 @@ class Planner(GraphWalk):
         source = elementwise_source(out_type, types, rank, body)
         self.launches.append(Launch("elementwise", source, [out.slot, *slots], params(words), grid(-(-threads // 256))))
         return out
+
+    def _fit_bindings(self, tree: Expr, shape: tuple[int, ...]) -> Expr:
+        """``tree`` rewritten so that one kernel binds at most the adapter's buffers: wherever a node
+        reads more than that, its widest operands are computed into buffers of their own first (a long
+        chain of selections over many values becomes several kernels instead of a plan error)."""
+        limit = self.max_bindings - 2  # the output and the parameters take two
+        done: dict[int, Expr] = {}
+        reads: dict[int, frozenset[int]] = {}
+        for e in expr.nodes(tree):
+            if e.op == "load":
+                done[id(e)], reads[id(e)] = e, frozenset({e.leaf.slot})
+                continue
+            args = [done[id(a)] for a in e.args]
+            sets = [reads[id(a)] for a in e.args]
+            union = frozenset().union(*sets)
+            for k in sorted(range(len(args)), key=lambda k: -len(sets[k])):
+                if len(union) <= limit or len(sets[k]) <= 1:
+                    break
+                value = self.materialize(Lazy(args[k], STORAGE_DTYPES[args[k].type], shape))
+                args[k], sets[k] = self.lazy(value, shape), frozenset({value.slot})
+                union = frozenset().union(*sets)
+            changed = any(new is not old for new, old in zip(args, e.args, strict=True))
+            done[id(e)] = Expr(e.op, e.type, tuple(args), leaf=e.leaf, value=e.value) if changed else e
+            reads[id(e)] = union
+        return done[id(tree)]
 
     def dense(self, x: Tensorish) -> Value:
         """``x`` as a contiguous buffer of its own (a copy where it is a strided view)."""
