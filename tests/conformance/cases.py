@@ -524,6 +524,8 @@ def _(g):  # type: ignore[no-untyped-def]
             torch.kthvalue(x[[0, 4]], 3, 1),
             torch.kthvalue(x, 3, 1).values,  # among ties and NaN PyTorch's index is its quickselect's
             torch.kthvalue(x[3:], 2, 0, keepdim=True),
+            torch.mode(x[3:], 1),  # row 3's ties: the value repeated most, its last position
+            torch.mode(x[[0, 3, 4]].round(), 0, keepdim=True),  # equally frequent values: the smallest
         )
 
     return f, (x,)
@@ -597,6 +599,9 @@ def _(g):  # type: ignore[no-untyped-def]
             ),
             x.max(),
             x.min(),
+            x.scatter(1, index, src, reduce="add"),
+            x.scatter(1, index[:, :2], src, reduce="multiply"),  # src larger than the index: its corner
+            x.scatter(1, index, 1.5, reduce="multiply"),
         )
 
     return f, (_r(g, 3, 6), _r(g, 3, 4))

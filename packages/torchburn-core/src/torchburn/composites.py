@@ -3,7 +3,7 @@ primitives every engine has: scans, gathers, ``index_put``, matmuls, reductions 
 
 - writes at positions: ``masked_scatter`` (a running count picks each element's source), ``put`` and
   ``as_strided_scatter`` (an ``index_put`` on the flattened tensor), ``diagonal_scatter`` (a ``where``
-  over the diagonal's plane), ``index_reduce`` (a ``scatter_reduce`` with the index spread);
+  over the diagonal's plane), ``index_reduce`` and ``scatter(reduce=...)`` (a ``scatter_reduce``);
 - products and distances: ``addbmm`` (a batched matmul summed over the batch), ``_trilinear`` (an
   ``einsum``), ``cdist``/``pdist`` (broadcast differences and a norm);
 - ``embedding_bag`` in inference: gathers scattered into their bags;
@@ -252,6 +252,21 @@ def scatter_reduce_by_parts(
     return torch.where(counts > 0, total / counts, total)
 
 
+_SCATTER_REDUCTIONS = {"add": "sum", "multiply": "prod"}
+
+
+def _scatter_with_reduce(x: torch.Tensor, dim: int, index: torch.Tensor, src: Any, *, reduce: str) -> Any:
+    """``scatter`` with ``reduce`` ('add' or 'multiply') as the ``scatter_reduce`` that includes ``self``;
+    a tensor source takes part only where ``index`` reaches, a scalar one is that value everywhere."""
+    if reduce not in _SCATTER_REDUCTIONS:
+        return NotImplemented
+    if isinstance(src, torch.Tensor):
+        src = src[tuple(slice(0, extent) for extent in index.shape)]
+    else:
+        src = torch.full_like(index, src, dtype=x.dtype)
+    return aten.scatter_reduce.two(x, dim, index, src, _SCATTER_REDUCTIONS[reduce], include_self=True)
+
+
 def _index_reduce(
     x: torch.Tensor,
     dim: int,
@@ -337,6 +352,8 @@ def _angle(x: torch.Tensor) -> Any:
 
 DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten.index_reduce.default: _index_reduce,
+    aten.scatter.reduce: _scatter_with_reduce,
+    aten.scatter.value_reduce: _scatter_with_reduce,
     aten.diagonal_scatter.default: _diagonal_scatter,
     aten.as_strided_scatter.default: _as_strided_scatter,
     aten.eye.default: _eye,

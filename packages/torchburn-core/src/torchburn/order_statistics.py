@@ -1,5 +1,5 @@
-"""Order statistics (``median``, ``nanmedian``, ``kthvalue``) as a stable sort and a gather, for engines
-that have a sort but not these ops.
+"""Order statistics (``median``, ``nanmedian``, ``kthvalue``) as a stable sort and a gather, and ``mode``
+as counts of equal elements, for engines that have a sort but not these ops.
 
 A stable ascending sort puts NaN after every number (PyTorch's order) and keeps equal values in their
 original order, so the k-th smallest value is at sorted position k - 1 and its index is the sorted
@@ -10,6 +10,7 @@ only for a line of NaN (whose index PyTorch leaves to its selection algorithm; h
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -81,7 +82,33 @@ def _kthvalue(x: torch.Tensor, k: int, dim: int = -1, keepdim: bool = False) -> 
     return _pick(values, indices, position, dim, keepdim)
 
 
+# the most element comparisons ``mode`` makes (elements x line length)
+MODE_COMPARISONS = 1 << 24
+
+
+def _mode(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> Any:
+    """The most frequent value of each line (the smallest among equally frequent ones) and its last
+    position, as PyTorch's kernel gives: each element's count of equal elements along the line. (With
+    NaN in a line PyTorch's sort order, and so its index, is unspecified; NaN never counts as a value.)"""
+    if x.dim() == 0:
+        return x.clone(), torch.zeros_like(x, dtype=torch.int64)
+    dim = dim % x.dim()
+    size = x.shape[dim]
+    if size == 0 or x.numel() * size > MODE_COMPARISONS or x.dtype == torch.bool:
+        return NotImplemented
+    lines = x.movedim(dim, -1)  # [.., n]
+    counts = (lines.unsqueeze(-1) == lines.unsqueeze(-2)).sum(-1)  # [.., n]
+    frequent = counts == counts.amax(-1, keepdim=True)
+    largest = math.inf if x.is_floating_point() else torch.iinfo(x.dtype).max
+    value = torch.where(frequent, lines, largest).amin(-1, keepdim=True)  # [.., 1]
+    position = torch.arange(size, device=x.device)
+    index = torch.where(lines == value, position, -1).amax(-1, keepdim=True)
+    value, index = value.movedim(-1, dim), index.movedim(-1, dim)
+    return (value, index) if keepdim else (value.squeeze(dim), index.squeeze(dim))
+
+
 DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
+    aten.mode.default: _mode,
     aten.median.default: _median,
     aten.median.dim: _median_dim,
     aten.nanmedian.default: _nanmedian,
