@@ -683,6 +683,33 @@ def _(g):  # type: ignore[no-untyped-def]
     return f, (_r(g, 3, 5, 5) + 3 * torch.eye(5), _r(g, 3, 5, 2), _r(g, 4, 6))
 
 
+@case("gamma_and_error_functions", rtol=2e-4, atol=1e-4)
+def _(g):  # type: ignore[no-untyped-def]
+    # both sides of the poles and of each approximation's switch points, the tails, and the specials
+    specials = torch.tensor([0.0, -0.0, 1.0, 2.0, -1.0, -2.5, 0.5, 1e-6, 30.0, float("inf"), -float("inf")])
+    x = torch.cat([specials, torch.rand(45, generator=g) * 24 - 12])
+    p = torch.cat([torch.tensor([0.0, 1.0, 1e-30, 0.5, 0.02425, 0.97575]), torch.rand(20, generator=g)])
+    unit = p * 2 - 1
+
+    def f(x: torch.Tensor, p: torch.Tensor, unit: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        positive = x.abs() + 0.1
+        return (
+            torch.lgamma(x),
+            torch.digamma(x),
+            torch.polygamma(1, x),
+            torch.polygamma(3, positive),
+            torch.mvlgamma(positive + 2, 3),
+            torch.special.zeta(positive + 1, positive),
+            torch.special.zeta(3.0, positive),
+            torch.erfinv(unit),
+            torch.special.ndtri(p),
+            torch.special.erfcx(x),
+            torch.special.log_ndtr(x),
+        )
+
+    return f, (x, p, unit)
+
+
 # --- attention -----------------------------------------------------------------------------------
 @case("attention", atol=1e-5)
 def _(g):  # type: ignore[no-untyped-def]

@@ -16,6 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import bessel, polynomials
+from . import bessel, gamma, polynomials
 
-DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {**bessel.DECOMPOSITIONS, **polynomials.DECOMPOSITIONS}
+DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
+    **bessel.DECOMPOSITIONS,
+    **gamma.DECOMPOSITIONS,
+    **polynomials.DECOMPOSITIONS,
+}
