@@ -57,7 +57,7 @@ def _addbmm(x: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta
     if alpha != 1:
         products = products * alpha
     if beta == 0:
-        return torch.broadcast_to(products, torch.broadcast_shapes(x.shape, products.shape)).clone()
+        return products  # the result takes the products' shape; x (NaN too) is not read
     return x * beta + products if beta != 1 else x + products
 
 

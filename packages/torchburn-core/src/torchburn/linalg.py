@@ -31,6 +31,12 @@ def _grid(n: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return i.unsqueeze(1), i
 
 
+def _batch_shape(*shapes: torch.Size) -> torch.Size:
+    """The broadcast of batch shapes (PyTorch's function, typed)."""
+    shape: torch.Size = torch.broadcast_shapes(*shapes)  # type: ignore[no-untyped-call]
+    return shape
+
+
 def _small(a: torch.Tensor) -> bool:
     return a.dim() >= 2 and max(a.shape[-2:]) <= MAX_ORDER and a.is_floating_point()
 
@@ -104,7 +110,7 @@ def _permutation_matrix(perm: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def _substitute(t: torch.Tensor, b: torch.Tensor, lower: bool, unit: bool) -> torch.Tensor:
     """X with ``t X = b`` for triangular ``t`` [.., n, n] and ``b`` [.., n, k] (batch dims broadcast)."""
     n = t.shape[-1]
-    batch = torch.broadcast_shapes(t.shape[:-2], b.shape[:-2])
+    batch = _batch_shape(t.shape[:-2], b.shape[:-2])
     t = t.expand(*batch, n, n)
     b = b.expand(*batch, *b.shape[-2:])
     rows, _ = _grid(n, t)
@@ -128,7 +134,7 @@ def _as_matrix(b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, bool]:
 def _lu_solve_factored(lu: torch.Tensor, perm: torch.Tensor, b: torch.Tensor, adjoint: bool) -> torch.Tensor:
     """X with ``A X = b`` (or ``A^T X = b``) from A's row order ``perm`` and packed ``lu``."""
     n = lu.shape[-1]
-    batch = torch.broadcast_shapes(lu.shape[:-2], b.shape[:-2], perm.shape[:-1])
+    batch = _batch_shape(lu.shape[:-2], b.shape[:-2], perm.shape[:-1])
     lu, b = lu.expand(*batch, n, n), b.expand(*batch, *b.shape[-2:])
     perm = perm.expand(*batch, n)
     if not adjoint:  # A[perm] = L U

@@ -175,9 +175,8 @@ def lgamma(x: Tensor) -> Tensor:
     negative = x < 0
     positive_part = _lgamma_nonnegative(torch.where(negative, 1.0 - x, x))
     # reflection: |Gamma(x) Gamma(1 - x)| = pi / |sin(pi x)|, with sin taken of the distance to the
-    # nearest integer (exact to compute) so that its argument stays small
-    frac = x - torch.floor(x)
-    distance = torch.minimum(frac, 1.0 - frac)
+    # nearest integer (exact to compute, also for tiny x) so that its argument stays small
+    distance = torch.abs(x - torch.round(x))
     reflected = _LOG_PI - torch.log(torch.sin(_PI * distance)) - positive_part
     result = torch.where(negative, reflected, positive_part)
     # poles at the negative integers and -inf (0 comes out as inf already)
@@ -345,6 +344,8 @@ def _zeta(s: Tensor | float, q: Tensor) -> Tensor:
         result = _select(negative & ~_is_integer(s), _NAN, result)
     elif s != math.floor(s):
         result = _select(negative, _NAN, result)
+    # q = inf: PyTorch's Euler-Maclaurin step meets 0 * inf
+    result = _select(q == _INF, _NAN, result)
     result = _select((q <= 0) & _is_integer(q), _INF, result)
     if isinstance(s, Tensor):
         # s = inf: q**-inf is inf below 1, 1 at 1; above 1 PyTorch's loop ends in 0 * inf = nan
