@@ -177,10 +177,15 @@ def lgamma(x: Tensor) -> Tensor:
     # reflection: |Gamma(x) Gamma(1 - x)| = pi / |sin(pi x)|, with sin taken of the distance to the
     # nearest integer (exact to compute, also for tiny x) so that its argument stays small
     distance = torch.abs(x - torch.round(x))
-    reflected = _LOG_PI - torch.log(torch.sin(_PI * distance)) - positive_part
+    # log sin(pi d) = log(pi d) + log(1 - (pi d)**2 / 6 + ...) for small d, where pi * d would round
+    # a subnormal d to fewer digits still
+    pi_d2 = (_PI * distance) ** 2
+    log_sin_small = _LOG_PI + torch.log(distance) + torch.log1p(-pi_d2 / 6.0 * (1.0 - pi_d2 / 20.0))
+    log_sin = torch.where(distance < 1e-3, log_sin_small, torch.log(torch.sin(_PI * distance)))
+    reflected = _LOG_PI - log_sin - positive_part
     result = torch.where(negative, reflected, positive_part)
     # poles at the negative integers and -inf (0 comes out as inf already)
-    result = _select(negative & _is_integer(x), _INF, result)
+    result = _select(torch.logical_and(negative, _is_integer(x)), _INF, result)
     return result.to(dtype)
 
 
@@ -221,11 +226,14 @@ def digamma(x: Tensor) -> Tensor:
     x, dtype = _unary_input(x)
     negative = x < 0
     positive_part = _digamma_positive(torch.where(negative, 1.0 - x, x))
-    # reflection psi(x) = psi(1 - x) - pi cot(pi x); the fractional part keeps tan's argument small
-    frac = x - torch.trunc(x)
-    reflected = positive_part - _PI / torch.tan(_PI * frac)
+    # reflection psi(x) = psi(1 - x) - pi cot(pi x), with cot's argument reduced by its period (exact).
+    # For float32 PyTorch takes tan in double precision; to come as close in float32 the reduction goes
+    # to x - round(x) in [-1/2, 1/2], where pi * r rounds little even next to a pole. For float64
+    # PyTorch's own x - trunc(x) is kept, so that results agree there too.
+    reduced = x - torch.trunc(x) if x.dtype == torch.float64 else x - torch.round(x)
+    reflected = positive_part - _PI / torch.tan(_PI * reduced)
     result = torch.where(negative, reflected, positive_part)
-    result = _select(negative & _is_integer(x), _NAN, result)  # poles (and -inf)
+    result = _select(torch.logical_and(negative, _is_integer(x)), _NAN, result)  # poles (and -inf)
     # psi(+-0) = -+inf
     return torch.where(x == 0, torch.copysign(_full(x, _INF), -x), result).to(dtype)
 
@@ -280,7 +288,7 @@ _ZETA_EULER_MACLAURIN = (
     1.8152105401943546773e17,
     -7.1661652561756670113e18,
 )
-# terms summed one by one before Euler-Maclaurin takes over (at q + 9 > 9 for q > 0)
+# terms after q**-s summed one by one before Euler-Maclaurin takes over (at w = q + 9 > 9 for q > 0)
 _ZETA_DIRECT_TERMS = 9
 
 
@@ -326,27 +334,39 @@ def _zeta(s: Tensor | float, q: Tensor) -> Tensor:
     """Hurwitz zeta(s, q) with PyTorch's special values; s a tensor of q's shape or a number."""
     negative = q < 0
     # For q < 0 (finite only for integer s) PyTorch sums terms until q + k > 9, an unbounded loop.
-    # Splitting the sum at zero instead, with f = frac(q) and g = frac(-q) = 1 - f (both exact),
-    #   zeta(s, q) = zeta(s, f) + (-1)**s (zeta(s, g) - zeta(s, 1 - q)),
-    # three sums over positive arguments.
-    main = _hurwitz_zeta_positive(s, torch.where(negative, q - torch.floor(q), q))
-    mirrored = _hurwitz_zeta_positive(s, -q - torch.floor(-q)) - _hurwitz_zeta_positive(s, 1.0 - q)
+    # Splitting the sum at zero instead, with f = frac(q) and g = frac(-q) = 1 - f,
+    #   zeta(s, q) = f**-s + zeta(s, 1 + f) + (-1)**s (g**-s + zeta(s, 1 + g) - zeta(s, 1 - q)),
+    # three sums over positive arguments. The two leading terms are split off because for odd s they
+    # nearly cancel around q = k + 1/2, which float32 must not see as a difference of two sums.
+    f = q - torch.floor(q)
+    g = -q - torch.floor(-q)
+    main = _hurwitz_zeta_positive(s, torch.where(negative, f + 1.0, q))
+    mirrored = _hurwitz_zeta_positive(s, g + 1.0) - _hurwitz_zeta_positive(s, 1.0 - q)
+    f_power = _neg_power(f, s)
+    g_power = _neg_power(g, s)
+    # f**-s - g**-s = g**-s expm1(-s log1p((f - g) / g)) where f and g are close, with f - g taken
+    # as 2q - (2 floor(q) + 1): exact there, while f itself is rounded for -1/2 < q < 0. Elsewhere the
+    # plain difference does not cancel.
+    close = torch.abs(f - 0.5) <= 1.0 / 6.0
+    f_minus_g = 2.0 * q - (2.0 * torch.floor(q) + 1.0)
+    lead_difference = torch.where(close, g_power * torch.expm1(-s * torch.log1p(f_minus_g / g)), f_power - g_power)
     if isinstance(s, Tensor):
         odd = (s - 2.0 * torch.floor(0.5 * s)) == 1.0
-        reflected = torch.where(odd, main - mirrored, main + mirrored)
+        reflected = torch.where(odd, lead_difference + (main - mirrored), f_power + g_power + (main + mirrored))
+    elif s % 2 == 1:
+        reflected = lead_difference + (main - mirrored)
     else:
-        reflected = main - mirrored if s % 2 == 1 else main + mirrored
+        reflected = f_power + g_power + (main + mirrored)
     result = torch.where(negative, reflected, main)
 
-    # PyTorch's special cases, the later ones taking precedence. At q = +inf its tail term is 0 * inf
-    result = _select(q == _INF, _NAN, result)
+    # PyTorch's special cases, the later ones taking precedence
     if isinstance(s, Tensor):
-        result = _select(negative & ~_is_integer(s), _NAN, result)
+        result = _select(torch.logical_and(negative, torch.logical_not(_is_integer(s))), _NAN, result)
     elif s != math.floor(s):
         result = _select(negative, _NAN, result)
     # q = inf: PyTorch's Euler-Maclaurin step meets 0 * inf
     result = _select(q == _INF, _NAN, result)
-    result = _select((q <= 0) & _is_integer(q), _INF, result)
+    result = _select(torch.logical_and(q <= 0, _is_integer(q)), _INF, result)
     if isinstance(s, Tensor):
         # s = inf: q**-inf is inf below 1, 1 at 1; above 1 PyTorch's loop ends in 0 * inf = nan
         at_inf = _select(q == 1.0, 1.0, _select(q < 1.0, _INF, _full(q, _NAN)))
@@ -502,7 +522,7 @@ def ndtri(p: Tensor) -> Tensor:
     tail = r - torch.log(r) / r - correction
     tail = torch.where(upper, tail, -tail)
     result = torch.where(y > _EXP_MINUS_2, central, tail)
-    result = _select((p < 0.0) | (p > 1.0), _NAN, result)
+    result = _select(torch.logical_or(p < 0.0, p > 1.0), _NAN, result)
     result = _select(p == 0.0, -_INF, result)
     return _select(p == 1.0, _INF, result).to(dtype)
 
@@ -824,7 +844,7 @@ def frexp(x: Tensor) -> tuple[Tensor, Tensor]:
         step = torch.abs(m) < 2.0**-p
         m = torch.where(step, m * 2.0**p, m)
         exponent = torch.where(step, exponent - p, exponent)
-    special = (x == 0) | ~torch.isfinite(x)
+    special = torch.logical_or(x == 0, torch.logical_not(torch.isfinite(x)))
     mantissa = torch.where(special, x, m.to(x.dtype))
     exponent = torch.where(special, torch.zeros_like(exponent), exponent)
     return mantissa, exponent.to(torch.int32)
