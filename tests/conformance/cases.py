@@ -434,7 +434,7 @@ def _(g):  # type: ignore[no-untyped-def]
     return f, (_r(g, 2, 3, 8, 8),)
 
 
-@case("bilinear_upsampling")
+@case("upsampling")
 def _(g):  # type: ignore[no-untyped-def]
     def f(img: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (
@@ -442,6 +442,9 @@ def _(g):  # type: ignore[no-untyped-def]
             F.interpolate(img, scale_factor=1.7, mode="bilinear", align_corners=True),
             F.interpolate(img, size=(5, 13), mode="bilinear"),  # down in one axis, up in the other
             F.interpolate(img, scale_factor=(0.5, 3), mode="bilinear", recompute_scale_factor=True),
+            F.interpolate(img, scale_factor=2, mode="nearest"),
+            F.interpolate(img, size=(4, 11), mode="nearest"),
+            F.interpolate(img, scale_factor=1.5, mode="nearest-exact"),
         )
 
     return f, (_r(g, 2, 3, 7, 6),)

@@ -14,12 +14,20 @@ Two ways down:
   runtime wrappers, which are most of its cost (a ResNet-18 lowers in about 0.12 s instead of 0.35 s).
 - Everything else (training, dynamic shapes, input mutations, aliased outputs, anything the direct trace
   does not take): AOTAutograd, which handles all of it.
+
+Some ops are decomposed by Python kernels PyTorch registers at the Autograd or
+CompositeImplicitAutograd key (the upsamplings), which run before any decomposition table is asked:
+an engine that keeps one of them whole gets it only from the direct trace, which sets those kernels
+aside while it runs (:func:`_python_kernels_set_aside`) so that PyTorch's C++ kernels record the op
+itself. Under AOTAutograd they stay, because the gradient is then derived from the decomposition.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -36,6 +44,21 @@ if TYPE_CHECKING:
     from .cache.lowered import Recorder
 
 CompileGraph = Callable[[torch.fx.GraphModule, list[Any], str], Callable[..., Any]]
+
+aten = torch.ops.aten
+
+# op an engine may keep whole -> the overloads whose Python kernels decompose it while tracing
+_PYTHON_DECOMPOSED: dict[Any, tuple[Any, ...]] = {
+    aten.upsample_bilinear2d.default: (aten.upsample_bilinear2d.default, aten.upsample_bilinear2d.vec),
+    aten.upsample_nearest2d.default: (aten.upsample_nearest2d.default, aten.upsample_nearest2d.vec),
+    aten._upsample_nearest_exact2d.default: (
+        aten._upsample_nearest_exact2d.default,
+        aten._upsample_nearest_exact2d.vec,
+    ),
+}
+_DECOMPOSING_KEYS = (torch._C.DispatchKey.Autograd, torch._C.DispatchKey.CompositeImplicitAutograd)
+# the kernels are process-wide: one trace at a time may set them aside
+_SET_ASIDE_LOCK = threading.RLock()
 
 
 @functools.cache
@@ -62,7 +85,7 @@ def to_aten(
     "inference", or "forward" and "backward" under autograd) into a callable taking its inputs as
     positional arguments. A ``recorder`` is shown each ATen graph before it is compiled (the engine's
     partitioning rewrites it), for the warm-start cache."""
-    aten_gm = _direct_inference_graph(gm, decomposition_table(engine))
+    aten_gm = _direct_inference_graph(gm, decomposition_table(engine), engine.keep_whole())
     if aten_gm is not None:
         if recorder is not None:
             recorder.inference(aten_gm)
@@ -80,7 +103,7 @@ def to_aten(
 
 
 def _direct_inference_graph(
-    gm: torch.fx.GraphModule, table: dict[Any, Callable[..., Any]]
+    gm: torch.fx.GraphModule, table: dict[Any, Callable[..., Any]], keep_whole: frozenset[Any] = frozenset()
 ) -> torch.fx.GraphModule | None:
     """The functional ATen graph of ``gm`` by one trace, or None where AOTAutograd must do it."""
     fakes = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
@@ -94,7 +117,7 @@ def _direct_inference_graph(
     if any(f.fake_mode is not fake_mode for f in fakes):
         return None
     try:
-        with fake_mode, enable_python_dispatcher():
+        with _python_kernels_set_aside(keep_whole), fake_mode, enable_python_dispatcher():
             # the python dispatcher turns native_batch_norm into its functional eval form, as in AOTAutograd
             traced = make_fx(torch.func.functionalize(gm, remove="mutations"), decomposition_table=table)(*fakes)
     except Exception:  # whatever this trace cannot take, AOTAutograd gets to try
@@ -104,6 +127,26 @@ def _direct_inference_graph(
         return None
     traced.recompile()
     return traced
+
+
+@contextlib.contextmanager
+def _python_kernels_set_aside(keep_whole: frozenset[Any]) -> Iterator[None]:
+    """Within the block, the ops of :data:`_PYTHON_DECOMPOSED` in ``keep_whole`` dispatch to PyTorch's
+    C++ kernels instead of the Python ones that would decompose them."""
+    overloads = [o for op, group in _PYTHON_DECOMPOSED.items() if op in keep_whole for o in group]
+    if not overloads:
+        yield
+        return
+    with _SET_ASIDE_LOCK:
+        saved = {o: {k: o.py_kernels.pop(k) for k in _DECOMPOSING_KEYS if k in o.py_kernels} for o in overloads}
+        for o in overloads:
+            o._dispatch_cache.clear()
+        try:
+            yield
+        finally:
+            for o, kernels in saved.items():
+                o.py_kernels.update(kernels)
+                o._dispatch_cache.clear()
 
 
 def _static_fake(value: object) -> bool:

@@ -111,6 +111,9 @@ class NativeEngine(Engine):
         # inference batch norm: its decomposition costs a quarter of a second of AOT tracing on a
         # ResNet-18 and plans to the same scale-and-shift chain the lowering emits directly
         keep.add(aten._native_batch_norm_legit_no_training.default)
+        # upsampling: one pass over the output instead of four gathers and a blend
+        keep |= {aten.upsample_bilinear2d.default, aten.upsample_nearest2d.default}
+        keep.add(aten._upsample_nearest_exact2d.default)
         return frozenset(keep)
 
     def extra_decompositions(self) -> dict[Any, Callable[..., Any]]:

@@ -88,6 +88,7 @@ families! {
     MaxPool2d(plan::MaxPool2d),
     AvgPool2d(plan::AvgPool2d),
     AdaptiveAvgPool2d(plan::AdaptiveAvgPool2d),
+    Upsample2d(plan::Upsample2d),
     IndexSelect(plan::IndexSelect),
     Gather(plan::Gather),
     Index(plan::Index),

@@ -1,8 +1,10 @@
-//! `MaxPool2d`, `AvgPool2d` and `AdaptiveAvgPool2d` over contiguous NCHW planes (`kernels/pool.rs`).
+//! `MaxPool2d`, `AvgPool2d` and `AdaptiveAvgPool2d` over contiguous NCHW planes (`kernels/pool.rs`),
+//! and `Upsample2d` (`kernels/resample.rs`).
 
 use super::check::{require_contiguous, FLOATS};
 use super::{Check, Frame, Instruction};
 use crate::kernels::pool;
+use crate::kernels::resample::{self, Mode, Upsample2dShape};
 use crate::plan::{self, DType, Operand};
 
 /// Input and output of a 2-D pooling: contiguous, float, 4-D.
@@ -145,6 +147,58 @@ impl Instruction for plan::AdaptiveAvgPool2d {
                 f.slice(input),
                 f.slice_mut(out),
             ),
+        }
+        Ok(())
+    }
+}
+
+impl plan::Upsample2d {
+    fn mode(&self) -> Result<Mode, String> {
+        match self.mode.as_str() {
+            "bilinear" => Ok(Mode::Bilinear {
+                align_corners: self.align_corners,
+            }),
+            "nearest" => Ok(Mode::Nearest),
+            "nearest_exact" => Ok(Mode::NearestExact),
+            other => Err(format!(
+                "upsample2d: mode {other:?} is not one of \"bilinear\", \"nearest\", \"nearest_exact\""
+            )),
+        }
+    }
+}
+
+impl Instruction for plan::Upsample2d {
+    fn validate(&self, check: &Check<'_>) -> Result<(), String> {
+        check_planes(check, &self.input, &self.out, "upsample2d")?;
+        self.mode()?;
+        if self.input.shape[..2] != self.out.shape[..2] {
+            return Err(
+                "upsample2d: input and output must have the same batch and channels".into(),
+            );
+        }
+        if self.input.shape[2] == 0 || self.input.shape[3] == 0 {
+            return Err("upsample2d: input planes must not be empty".into());
+        }
+        if self.scales.iter().flatten().any(|s| !s.is_finite()) {
+            return Err("upsample2d: scale factors must be finite".into());
+        }
+        Ok(())
+    }
+
+    unsafe fn run(&self, f: &Frame<'_>) -> Result<(), String> {
+        let (input, out) = (&self.input, &self.out);
+        let s = Upsample2dShape {
+            planes: input.shape[0] * input.shape[1],
+            h: input.shape[2],
+            w: input.shape[3],
+            h_out: out.shape[2],
+            w_out: out.shape[3],
+            scales: self.scales,
+        };
+        let mode = self.mode()?;
+        match input.dtype {
+            DType::F64 => resample::upsample2d::<f64>(&s, mode, f.slice(input), f.slice_mut(out)),
+            _ => resample::upsample2d::<f32>(&s, mode, f.slice(input), f.slice_mut(out)),
         }
         Ok(())
     }

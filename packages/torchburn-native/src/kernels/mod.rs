@@ -20,6 +20,7 @@ pub mod prefetch;
 pub mod qprefill;
 pub mod quant;
 pub mod reduce;
+pub mod resample;
 pub mod scan;
 pub mod softmax;
 #[cfg(target_arch = "x86_64")]

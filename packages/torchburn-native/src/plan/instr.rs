@@ -25,6 +25,7 @@ pub enum Instr {
     MaxPool2d(MaxPool2d),
     AvgPool2d(AvgPool2d),
     AdaptiveAvgPool2d(AdaptiveAvgPool2d),
+    Upsample2d(Upsample2d),
     IndexSelect(IndexSelect),
     Gather(Gather),
     Index(Index),
@@ -280,6 +281,18 @@ pub struct AvgPool2d {
 pub struct AdaptiveAvgPool2d {
     pub input: Operand,
     pub out: Operand,
+}
+
+/// 2-D upsampling of contiguous NCHW planes: `mode` is "bilinear", "nearest" or "nearest_exact";
+/// `scales` are the caller's factors (height, width), null where the sizes decide.
+#[derive(Deserialize, Clone, Debug)]
+pub struct Upsample2d {
+    pub input: Operand,
+    pub out: Operand,
+    pub mode: String,
+    #[serde(default)]
+    pub align_corners: bool,
+    pub scales: [Option<f64>; 2],
 }
 
 /// `out = input.index_select(dim, index)` on a `[outer, size, inner]` view (embedding: outer = 1).

@@ -1,4 +1,5 @@
-"""2-D pooling: max (with indices), average and adaptive average, on contiguous NCHW (or CHW) inputs."""
+"""2-D pooling (max with indices, average, adaptive average) and upsampling (bilinear, nearest), on
+contiguous NCHW (or CHW) inputs."""
 
 from __future__ import annotations
 
@@ -122,3 +123,88 @@ def adaptive_avg_pool2d(p: Planner, node: Any, x: Tensorish, output_size: list[i
     ov, _ = _as4d(out)
     p.emit({"kind": "adaptive_avg_pool2d", "input": xv.operand(), "out": ov.operand()}, [xv], [ov])
     return out
+
+
+def _upsample(
+    p: Planner, x: Tensorish, mode: str, align_corners: bool, scales_h: float | None, scales_w: float | None
+) -> Value:
+    meta = p.out_meta()
+    xv = p.contiguous(x)
+    out = p.new_value(tuple(meta.shape), meta.dtype)
+    p.emit(
+        {
+            "kind": "upsample2d",
+            "input": xv.operand(),
+            "out": out.operand(),
+            "mode": mode,
+            "align_corners": bool(align_corners),
+            "scales": [scales_h, scales_w],
+        },
+        [xv],
+        [out],
+    )
+    return out
+
+
+def _nonempty_planes(node: Any) -> bool | str:
+    x = node.inputs[0]
+    if x is None or len(x.shape) != 4:
+        return "upsampling needs a 4-D input"
+    if x.shape[0] * x.shape[1] > 0 and (x.shape[2] == 0 or x.shape[3] == 0):
+        return "upsampling of empty planes"
+    return True
+
+
+@lower(
+    aten.upsample_bilinear2d.default,
+    family=Family.POOL,
+    dtypes={torch.float32, torch.float64},
+    check=_nonempty_planes,
+    reads=("output_size",),  # the output's shape
+)
+def upsample_bilinear2d(
+    p: Planner,
+    node: Any,
+    input: Tensorish,
+    output_size: list[int],
+    align_corners: bool,
+    scales_h: float | None = None,
+    scales_w: float | None = None,
+) -> Value:
+    return _upsample(p, input, "bilinear", align_corners, scales_h, scales_w)
+
+
+@lower(
+    aten.upsample_nearest2d.default,
+    family=Family.POOL,
+    dtypes={torch.float32, torch.float64},
+    check=_nonempty_planes,
+    reads=("output_size",),  # the output's shape
+)
+def upsample_nearest2d(
+    p: Planner,
+    node: Any,
+    input: Tensorish,
+    output_size: list[int],
+    scales_h: float | None = None,
+    scales_w: float | None = None,
+) -> Value:
+    return _upsample(p, input, "nearest", False, scales_h, scales_w)
+
+
+@lower(
+    aten._upsample_nearest_exact2d.default,
+    family=Family.POOL,
+    dtypes={torch.float32, torch.float64},
+    check=_nonempty_planes,
+    reads=("output_size",),  # the output's shape
+)
+def upsample_nearest_exact2d(
+    p: Planner,
+    node: Any,
+    input: Tensorish,
+    output_size: list[int],
+    scales_h: float | None = None,
+    scales_w: float | None = None,
+) -> Value:
+    return _upsample(p, input, "nearest_exact", False, scales_h, scales_w)
