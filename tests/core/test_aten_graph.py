@@ -106,3 +106,27 @@ def test_a_view_of_an_intermediate_needs_no_wrapper(aot_calls: list[int]) -> Non
         got = compile_(flat_gelu)(x)
     torch.testing.assert_close(got, torch.nn.functional.gelu(x * 3.0).reshape(-1))
     assert aot_calls == []
+
+
+def test_grad_switched_on_inside_the_graph_goes_through_aotautograd(aot_calls: list[int]) -> None:
+    """Called under ``no_grad``, a function that enables grad itself (a training step) still gets a
+    backward: the graph is not an inference graph although grad is off when it is compiled."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        with torch.enable_grad():
+            loss = model(x).square().mean()
+        return loss
+
+    x = torch.randn(8, 16)
+    with torch.no_grad():
+        loss = compile_(step)(x)
+    assert aot_calls and loss.requires_grad
+    loss.backward()
+    actual = [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
+    model.zero_grad()
+    step(x).backward()
+    for a, p in zip(actual, model.parameters(), strict=True):
+        torch.testing.assert_close(a, p.grad)
+    assert_engine_ran("native")
