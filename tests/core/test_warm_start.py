@@ -86,6 +86,29 @@ def test_training_compiles_warm_with_eager_gradients_and_buffer_updates(isolated
     assert int(warm_model[1].num_batches_tracked) == 1  # type: ignore[index]
 
 
+def test_a_graph_that_switches_grad_on_is_compiled_cold_every_time(isolated_state: Path) -> None:
+    """A training step called under ``no_grad`` that enables grad itself: AOTAutograd's runtime
+    wrappers give its loss a backward, which a stored graph would not, so none is stored."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        with torch.enable_grad():
+            return model(x).square().mean()
+
+    x = torch.randn(4, 6)
+    model(x).square().mean().backward()
+    expected = [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
+    for _ in range(2):
+        model.zero_grad()
+        with torch.no_grad():
+            loss = _compile_fresh(step, "native")(x)
+        loss.backward()
+        for p, e in zip(model.parameters(), expected, strict=True):
+            torch.testing.assert_close(p.grad, e)
+    assert torchburn.cache_info()["lowered_writes"] == 0 and torchburn.cache_info()["lowered_hits"] == 0
+
+
 def test_outputs_that_need_no_gradient_and_inputs_that_need_one(isolated_state: Path) -> None:
     """An integer output is not differentiable; the input's own gradient flows through the replay."""
 

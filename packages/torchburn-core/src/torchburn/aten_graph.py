@@ -111,7 +111,9 @@ def _direct_inference_graph(
         return None  # symbolic sizes, non-tensor inputs or tensor subclasses
     if torch.is_grad_enabled() and any(f.requires_grad for f in fakes):
         return None  # a backward graph is wanted
-    if any(f.requires_grad for f in fakes) and any(n.target is torch._C._set_grad_enabled for n in gm.graph.nodes):
+    if any(f.requires_grad for f in fakes) and any(
+        n.op == "call_function" and n.target is torch._C._set_grad_enabled for n in gm.graph.nodes
+    ):
         return None  # grad is switched on inside the graph (``with torch.enable_grad()``): the same
     if any(n.op == "get_attr" for n in gm.graph.nodes):
         return None  # constants Dynamo did not lift: AOTAutograd fakeifies them

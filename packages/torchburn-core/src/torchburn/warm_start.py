@@ -31,7 +31,10 @@ def compile_dynamo_graph(
 ) -> Callable[..., Any]:
     """The compiled callable for Dynamo's graph: from the warm-start cache where an entry exists,
     else by :func:`torchburn.aten_graph.to_aten`, storing what it lowered to for the next process."""
-    key = lowered.key_of(gm, engine, options) if options.cache == "on" else None
+    # a graph that switches grad mode inside runs through AOTAutograd's own runtime wrappers, which
+    # the stored form does not replay
+    replayable = options.cache == "on" and not switches_grad_mode(gm)
+    key = lowered.key_of(gm, engine, options) if replayable else None
     disk = cache._disk_store() if key is not None else None
     if key is None or disk is None:
         return to_aten(gm, example_inputs, engine, compile_graph)
@@ -59,6 +62,11 @@ def compile_dynamo_graph(
     if entry_bytes is not None and disk.write(store, key.digest, entry_bytes):
         cache._bump("lowered_writes")
     return compiled
+
+
+def switches_grad_mode(gm: torch.fx.GraphModule) -> bool:
+    """Whether the graph turns grad on or off inside (``with torch.enable_grad()`` in the model)."""
+    return any(n.op == "call_function" and n.target is torch._C._set_grad_enabled for n in gm.graph.nodes)
 
 
 def _from_entry(entry: lowered.Lowered, example_inputs: list[Any], compile_graph: CompileGraph) -> Callable[..., Any]:
