@@ -43,6 +43,12 @@ const OUTER_PARALLEL_MAX_FLOPS: usize = 1 << 22;
 /// Below this many multiply-adds a convolution runs on the calling thread.
 const PARALLEL_MIN_FLOPS: usize = 1 << 20;
 
+/// Output planes smaller than this fold the batch's images into one GEMM's columns: one product
+/// per image would have only a few columns and stream the whole weight for each (ResNet's last
+/// stage on small inputs, and the weight gradients core writes as convolutions, whose outputs are
+/// kernel-sized).
+const FOLD_PLANE_MAX: usize = 16;
+
 /// Narrowest column tile worth its own GEMM when splitting work across threads.
 const MIN_TILE_COLS: usize = 32;
 
@@ -493,6 +499,11 @@ fn conv_gemm<T: ConvScalar>(
     if block == 0 {
         return;
     }
+    if s.n > 1 && plane_out < FOLD_PLANE_MAX && plan.outer.is_none() {
+        conv_gemm_folded(s, g, input, weight, bias, out, plan.scratch_bytes);
+        epi.apply_all(out, plane_out, s.c_out);
+        return;
+    }
     let tasks = s.n * s.groups;
     let threads = threads::current();
     let mut tiles = if pointwise {
@@ -577,6 +588,103 @@ fn conv_gemm<T: ConvScalar>(
         threads::parallel_for(tasks * tiles, |i| item(i, false));
     } else {
         (0..tasks * tiles).for_each(|i| item(i, true));
+    }
+}
+
+/// [`conv_gemm`] for small output planes: the unfolded columns of several images side by side, one
+/// GEMM per (group, run of images), then each product row scattered to its images' NCHW planes
+/// (with the bias). Any bias prefill in `out` is overwritten.
+fn conv_gemm_folded<T: ConvScalar>(
+    s: &Conv2dShape,
+    g: &Geom,
+    input: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    out: &mut [T],
+    scratch_bytes: usize,
+) {
+    let (cin_g, cout_g) = (s.c_in / s.groups, s.c_out / s.groups);
+    let taps = s.kh * s.kw;
+    let k = cin_g * taps;
+    let (plane_in, plane_out) = (s.h * s.w, s.h_out * s.w_out);
+    let max_cols = (scratch_bytes / std::mem::size_of::<T>() / k.max(1)).max(plane_out);
+    let threads = threads::current();
+    // runs of images in a multiple of the thread count where the batch allows, each a single-threaded
+    // product; else one product at a time, split across threads
+    let fewest = s.n.div_ceil((max_cols / plane_out).clamp(1, s.n));
+    let runs = if s.groups * s.n >= threads {
+        fewest.div_ceil(threads) * threads
+    } else {
+        fewest
+    }
+    .min(s.n);
+    let images = s.n.div_ceil(runs);
+    let runs = s.n.div_ceil(images);
+    let items = s.groups * runs;
+    let outer = threads > 1 && items >= threads;
+    let out_ptr = SyncPtr(out.as_mut_ptr());
+    let item = |i: usize, parallel: bool| {
+        let (grp, run) = (i / runs, i % runs);
+        let (b0, b1) = (run * images, ((run + 1) * images).min(s.n));
+        let cols = (b1 - b0) * plane_out;
+        T::with_scratch(k * cols + cout_g * cols, |buf| {
+            let (col, prod) = buf.split_at_mut(k * cols);
+            for (r, row) in col.chunks_exact_mut(cols).enumerate() {
+                let (c, tap) = (r / taps, r % taps);
+                for (b, dst) in (b0..b1).zip(row.chunks_exact_mut(plane_out)) {
+                    let x = &input[(b * s.c_in + grp * cin_g + c) * plane_in..][..plane_in];
+                    im2col_row(g, x, tap / s.kw, tap % s.kw, 0, dst);
+                }
+            }
+            // SAFETY: the group's weight is cout_g×k row-major, `col` k×cols and `prod`
+            // cout_g×cols, both row-major parts of this call's scratch; all in bounds.
+            unsafe {
+                gemm(
+                    cout_g,
+                    cols,
+                    k,
+                    Mat {
+                        ptr: weight[grp * cout_g * k..].as_ptr(),
+                        rs: k as isize,
+                        cs: 1,
+                    },
+                    Mat {
+                        ptr: col.as_ptr(),
+                        rs: cols as isize,
+                        cs: 1,
+                    },
+                    MatMut {
+                        ptr: prod.as_mut_ptr(),
+                        rs: cols as isize,
+                        cs: 1,
+                    },
+                    false,
+                    T::ONE,
+                    parallel,
+                )
+            };
+            for (oc, row) in prod.chunks_exact(cols).enumerate() {
+                let channel = grp * cout_g + oc;
+                let shift = bias.map_or(T::ZERO, |bias| bias[channel]);
+                for (b, src) in (b0..b1).zip(row.chunks_exact(plane_out)) {
+                    // SAFETY: plane (b, channel) belongs to this item alone (its group, its images)
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            out_ptr.get().add((b * s.c_out + channel) * plane_out),
+                            plane_out,
+                        )
+                    };
+                    for (d, &v) in dst.iter_mut().zip(src) {
+                        *d = v + shift;
+                    }
+                }
+            }
+        });
+    };
+    if outer {
+        threads::parallel_for(items, |i| item(i, false));
+    } else {
+        (0..items).for_each(|i| item(i, true));
     }
 }
 
@@ -1344,6 +1452,12 @@ pub(crate) mod tests {
         (2, 8, 6, 6, 4, 3, 3, [1, 1], [2, 2], [2, 2], 2),
         (1, 2, 5, 5, 3, 5, 5, [1, 1], [0, 0], [1, 1], 1),
         (1, 4, 3, 3, 5, 3, 3, [3, 3], [4, 4], [1, 1], 1), // padding larger than the image
+        // small planes: images folded into one product's columns
+        (3, 8, 2, 2, 6, 3, 3, [1, 1], [1, 1], [1, 1], 1),
+        (4, 6, 5, 4, 4, 3, 3, [2, 2], [1, 1], [1, 1], 2), // 3x2 planes
+        (5, 4, 3, 3, 5, 1, 1, [1, 1], [0, 0], [1, 1], 1),
+        (3, 2, 6, 6, 3, 6, 6, [1, 1], [1, 1], [1, 1], 1), // a kernel-sized output, as a weight gradient
+        (6, 3, 4, 4, 2, 3, 3, [1, 1], [0, 0], [1, 1], 1),
         // pointwise and strided 1x1
         (2, 5, 7, 6, 7, 1, 1, [1, 1], [0, 0], [1, 1], 1),
         (1, 6, 9, 9, 4, 1, 1, [1, 1], [0, 0], [1, 1], 2),
@@ -1410,6 +1524,28 @@ pub(crate) mod tests {
         for &c in CASES {
             for with_bias in [false, true] {
                 check_conv(c, with_bias, DEFAULT_PLAN);
+            }
+        }
+    }
+
+    /// Small output planes fold images into the GEMM's columns: all of them in one product, and one
+    /// image per product when the scratch holds no more.
+    #[test]
+    fn conv2d_folded_images_match_naive() {
+        let folded = |c: &&Case| {
+            let s = shape(**c);
+            s.n > 1 && s.h_out * s.w_out < FOLD_PLANE_MAX && s.c_in / s.groups > 1
+        };
+        assert!(CASES.iter().filter(folded).count() >= 3);
+        for c in CASES.iter().filter(folded) {
+            for scratch_bytes in [SCRATCH_BYTES, 64] {
+                for with_bias in [false, true] {
+                    let plan = Plan {
+                        scratch_bytes,
+                        outer: None,
+                    };
+                    check_conv(*c, with_bias, plan);
+                }
             }
         }
     }
