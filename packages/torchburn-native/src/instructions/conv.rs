@@ -1,8 +1,10 @@
 //! `Conv2d`: forward and transposed 2-D convolutions with a fused batch-norm, residual and relu
-//! epilogue (`kernels/conv.rs`, and `kernels/conv_shifted.rs` for shifted GEMMs).
+//! epilogue (`kernels/conv.rs`, and `kernels/conv_shifted.rs` for shifted GEMMs); `Conv2dWeightGrad`:
+//! a convolution's weight gradient (`kernels/conv_weight_grad.rs`).
 
 use super::check::{require_contiguous, FLOATS};
 use super::{Check, Frame, Instruction};
+use crate::kernels::conv_weight_grad::{conv2d_weight_grad, ConvWeightGradShape};
 use crate::kernels::{conv, conv_shifted};
 use crate::plan::{self, DType, Operand};
 
@@ -210,6 +212,73 @@ impl Instruction for plan::Conv2d {
         match input.dtype {
             DType::F64 => run_conv!(f64),
             _ => run_conv!(f32),
+        }
+        Ok(())
+    }
+}
+
+impl Instruction for plan::Conv2dWeightGrad {
+    fn validate(&self, check: &Check<'_>) -> Result<(), String> {
+        let plan::Conv2dWeightGrad {
+            input,
+            grad,
+            out,
+            stride,
+            dilation,
+            ..
+        } = self;
+        for op in [input, grad, out] {
+            check.operand(op)?;
+            require_contiguous(op, "conv2d weight gradient", &[input.dtype])?;
+            require_contiguous(op, "conv2d weight gradient", FLOATS)?;
+            if op.shape.len() != 4 {
+                return Err("conv2d weight gradient operands must be 4-D".into());
+            }
+        }
+        if grad.shape[0] != input.shape[0]
+            || out.shape[0] != grad.shape[1]
+            || out.shape[1] != input.shape[1]
+        {
+            return Err(format!(
+                "conv2d weight gradient: input {:?}, gradient {:?} and out {:?} disagree \
+                 (want out [gradient channels, input channels, kh, kw] and one batch)",
+                input.shape, grad.shape, out.shape
+            ));
+        }
+        if stride.iter().chain(dilation).any(|&v| v == 0) {
+            return Err("conv2d weight gradient: stride and dilation must be positive".into());
+        }
+        Ok(())
+    }
+
+    unsafe fn run(&self, f: &Frame<'_>) -> Result<(), String> {
+        let plan::Conv2dWeightGrad {
+            input,
+            grad,
+            out,
+            stride,
+            padding,
+            dilation,
+        } = self;
+        let s = ConvWeightGradShape {
+            n: input.shape[0],
+            c_in: input.shape[1],
+            h: input.shape[2],
+            w: input.shape[3],
+            c_out: grad.shape[1],
+            h_out: grad.shape[2],
+            w_out: grad.shape[3],
+            kh: out.shape[2],
+            kw: out.shape[3],
+            stride: *stride,
+            padding: *padding,
+            dilation: *dilation,
+        };
+        match input.dtype {
+            DType::F64 => {
+                conv2d_weight_grad::<f64>(&s, f.slice(input), f.slice(grad), f.slice_mut(out))
+            }
+            _ => conv2d_weight_grad::<f32>(&s, f.slice(input), f.slice(grad), f.slice_mut(out)),
         }
         Ok(())
     }

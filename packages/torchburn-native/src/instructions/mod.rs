@@ -85,6 +85,7 @@ families! {
     GroupNorm(plan::GroupNorm),
     Sdpa(plan::Sdpa),
     Conv2d(plan::Conv2d),
+    Conv2dWeightGrad(plan::Conv2dWeightGrad),
     MaxPool2d(plan::MaxPool2d),
     AvgPool2d(plan::AvgPool2d),
     AdaptiveAvgPool2d(plan::AdaptiveAvgPool2d),

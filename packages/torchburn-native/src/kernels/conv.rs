@@ -179,18 +179,18 @@ pub struct ConvTranspose2dShape {
 /// forward adjoint, so there `h`/`w` is the plane it writes and `w_out` the width of the plane it
 /// reads.
 #[derive(Clone, Copy, Debug)]
-struct Geom {
-    h: usize,
-    w: usize,
-    kh: usize,
-    kw: usize,
-    sh: usize,
-    sw: usize,
-    ph: usize,
-    pw: usize,
-    dh: usize,
-    dw: usize,
-    w_out: usize,
+pub(crate) struct Geom {
+    pub(crate) h: usize,
+    pub(crate) w: usize,
+    pub(crate) kh: usize,
+    pub(crate) kw: usize,
+    pub(crate) sh: usize,
+    pub(crate) sw: usize,
+    pub(crate) ph: usize,
+    pub(crate) pw: usize,
+    pub(crate) dh: usize,
+    pub(crate) dw: usize,
+    pub(crate) w_out: usize,
 }
 
 /// Tuning knobs; tests shrink them to reach every tiling and scheduling path on small shapes.
@@ -610,9 +610,12 @@ fn conv_gemm_folded<T: ConvScalar>(
     let max_cols = (scratch_bytes / std::mem::size_of::<T>() / k.max(1)).max(plane_out);
     let threads = threads::current();
     // runs of images in a multiple of the thread count where the batch allows, each a single-threaded
-    // product; else one product at a time, split across threads
+    // product; else one product at a time, split across threads. A weight larger than the whole
+    // batch's unfolded input is better streamed once, its rows split between threads, than once
+    // per thread.
     let fewest = s.n.div_ceil((max_cols / plane_out).clamp(1, s.n));
-    let runs = if s.groups * s.n >= threads {
+    let weight_heavy = cout_g * k > k * s.n * plane_out;
+    let runs = if s.groups * s.n >= threads && !weight_heavy {
         fewest.div_ceil(threads) * threads
     } else {
         fewest
@@ -732,7 +735,7 @@ fn im2col<T: ConvScalar>(g: &Geom, x: &[T], n0: usize, n1: usize, col: &mut [T],
     }
 }
 
-fn im2col_row<T: ConvScalar>(
+pub(crate) fn im2col_row<T: ConvScalar>(
     g: &Geom,
     plane: &[T],
     ki: usize,
@@ -1148,6 +1151,10 @@ fn conv_transpose2d_planned<T: ConvScalar>(
         && s.output_padding == [0, 0];
     prefill_bias(out, plane_out, s.c_out, bias);
     let block = cout_g * plane_out;
+    if s.n > 1 && plane_in < FOLD_PLANE_MAX && !unit && plan.outer.is_none() {
+        conv_transpose2d_folded(s, &g, input, weight, out, plan.scratch_bytes);
+        return;
+    }
     let run = |task: usize, o: &mut [T], parallel: bool| {
         let (b, grp) = (task / s.groups, task % s.groups);
         let x = &input[(b * s.c_in + grp * cin_g) * plane_in..][..cin_g * plane_in];
@@ -1214,7 +1221,7 @@ fn conv_transpose2d_planned<T: ConvScalar>(
                         parallel,
                     )
                 };
-                col2im(&g, col, p0, p1, o, parallel);
+                col2im(&g, col, p1 - p0, p0, p1, o, parallel);
                 p0 = p1;
             }
         });
@@ -1229,17 +1236,117 @@ fn conv_transpose2d_planned<T: ConvScalar>(
     }
 }
 
-/// Scatter-adds the column tile (rows `(oc·kh + ki)·kw + kj`, columns = input positions `p0..p1`)
-/// into the output planes `o` `[cout_g, h_out·w_out]`. Each output plane only receives its own
-/// rows, so planes run in parallel.
-fn col2im<T: ConvScalar>(g: &Geom, col: &[T], p0: usize, p1: usize, o: &mut [T], parallel: bool) {
+/// [`conv_transpose2d_planned`] for small input planes: the inputs of a run of images side by side
+/// as one GEMM's columns, so the weight is streamed once per run rather than once per image, then
+/// each image's columns scattered into its planes. `out` holds the bias (or zeros) already.
+fn conv_transpose2d_folded<T: ConvScalar>(
+    s: &ConvTranspose2dShape,
+    g: &Geom,
+    input: &[T],
+    weight: &[T],
+    out: &mut [T],
+    scratch_bytes: usize,
+) {
+    let (cin_g, cout_g) = (s.c_in / s.groups, s.c_out / s.groups);
+    let m = cout_g * s.kh * s.kw;
+    let (plane_in, plane_out) = (s.h * s.w, s.h_out * s.w_out);
+    let block = cout_g * plane_out;
+    let per_image = (m + cin_g) * plane_in * std::mem::size_of::<T>();
+    let fewest =
+        s.n.div_ceil((scratch_bytes / per_image.max(1)).clamp(1, s.n));
+    let threads = threads::current();
+    // as in `conv_gemm_folded`: a weight larger than the batch's input is streamed once, split
+    let weight_heavy = m * cin_g > cin_g * s.n * plane_in;
+    let runs = if s.groups * s.n >= threads && !weight_heavy {
+        fewest.div_ceil(threads) * threads
+    } else {
+        fewest
+    }
+    .min(s.n);
+    let images = s.n.div_ceil(runs);
+    let runs = s.n.div_ceil(images);
+    let items = s.groups * runs;
+    let out_ptr = SyncPtr(out.as_mut_ptr());
+    let item = |i: usize, parallel: bool| {
+        let (grp, run) = (i / runs, i % runs);
+        let (b0, b1) = (run * images, ((run + 1) * images).min(s.n));
+        let cols = (b1 - b0) * plane_in;
+        T::with_scratch(cin_g * cols + m * cols, |buf| {
+            let (xs, col) = buf.split_at_mut(cin_g * cols);
+            // [cin_g, (image, position)]: the run's input planes of this group side by side
+            for (c, row) in xs.chunks_exact_mut(cols).enumerate() {
+                for (b, dst) in (b0..b1).zip(row.chunks_exact_mut(plane_in)) {
+                    dst.copy_from_slice(
+                        &input[(b * s.c_in + grp * cin_g + c) * plane_in..][..plane_in],
+                    );
+                }
+            }
+            let wg = &weight[grp * cin_g * m..][..cin_g * m];
+            // SAFETY: `wg`ᵀ is m×cin_g (columns of the row-major [cin_g, m] group slice), `xs`
+            // cin_g×cols and `col` m×cols, both row-major parts of this call's scratch.
+            unsafe {
+                gemm(
+                    m,
+                    cols,
+                    cin_g,
+                    Mat {
+                        ptr: wg.as_ptr(),
+                        rs: 1,
+                        cs: m as isize,
+                    },
+                    Mat {
+                        ptr: xs.as_ptr(),
+                        rs: cols as isize,
+                        cs: 1,
+                    },
+                    MatMut {
+                        ptr: col.as_mut_ptr(),
+                        rs: cols as isize,
+                        cs: 1,
+                    },
+                    false,
+                    T::ONE,
+                    parallel,
+                )
+            };
+            for (j, b) in (b0..b1).enumerate() {
+                // SAFETY: the (image b, group grp) output block belongs to this item alone
+                let o = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        out_ptr.get().add((b * s.groups + grp) * block),
+                        block,
+                    )
+                };
+                col2im(g, &col[j * plane_in..], cols, 0, plane_in, o, false);
+            }
+        });
+    };
+    if threads > 1 && items >= threads {
+        threads::parallel_for(items, |i| item(i, false));
+    } else {
+        (0..items).for_each(|i| item(i, true));
+    }
+}
+
+/// Scatter-adds the column tile (row `(oc·kh + ki)·kw + kj` starting at `col[row · ld]`, columns =
+/// input positions `p0..p1`) into the output planes `o` `[cout_g, h_out·w_out]`. Each output plane
+/// only receives its own rows, so planes run in parallel.
+fn col2im<T: ConvScalar>(
+    g: &Geom,
+    col: &[T],
+    ld: usize,
+    p0: usize,
+    p1: usize,
+    o: &mut [T],
+    parallel: bool,
+) {
     let cols = p1 - p0;
-    let rows_per_plane = g.kh * g.kw * cols;
+    let rows_per_plane = g.kh * g.kw * ld;
     let plane = g.h * g.w;
     let scatter = |oc: usize, dst: &mut [T]| {
         for ki in 0..g.kh {
             for kj in 0..g.kw {
-                let src = &col[oc * rows_per_plane + (ki * g.kw + kj) * cols..][..cols];
+                let src = &col[oc * rows_per_plane + (ki * g.kw + kj) * ld..][..cols];
                 col2im_row(g, src, ki, kj, p0, dst);
             }
         }
@@ -1707,6 +1814,10 @@ pub(crate) mod tests {
         (2, 3, 1, 17, 5, 1, 4, [1, 2], [0, 1], [0, 1], [1, 1], 1),
         (1, 2, 3, 3, 2, 5, 5, [3, 3], [4, 4], [2, 2], [1, 1], 1),
         (0, 4, 5, 5, 6, 3, 3, [2, 2], [1, 1], [1, 1], [1, 1], 2),
+        // small input planes: a batch's images folded into one GEMM
+        (4, 6, 2, 2, 5, 3, 3, [1, 1], [1, 1], [0, 0], [1, 1], 1),
+        (3, 4, 3, 3, 6, 3, 3, [2, 2], [1, 1], [1, 1], [1, 1], 2),
+        (5, 8, 2, 3, 4, 2, 2, [2, 2], [0, 0], [0, 0], [2, 1], 1),
     ];
 
     fn tshape(c: TCase) -> ConvTranspose2dShape {
@@ -1751,6 +1862,11 @@ pub(crate) mod tests {
                     Plan {
                         scratch_bytes: 96,
                         outer: Some(true),
+                    },
+                    // folded: one image per run
+                    Plan {
+                        scratch_bytes: 64,
+                        outer: None,
                     },
                 ] {
                     let ctx = format!("{s:?} bias={with_bias} {plan:?}");

@@ -3,6 +3,7 @@
 pub mod attention;
 pub mod conv;
 pub mod conv_shifted;
+pub mod conv_weight_grad;
 pub mod elementwise;
 #[cfg(target_arch = "x86_64")]
 pub mod gelu_x86;

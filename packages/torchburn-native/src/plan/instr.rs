@@ -22,6 +22,7 @@ pub enum Instr {
     GroupNorm(GroupNorm),
     Sdpa(Sdpa),
     Conv2d(Conv2d),
+    Conv2dWeightGrad(Conv2dWeightGrad),
     MaxPool2d(MaxPool2d),
     AvgPool2d(AvgPool2d),
     AdaptiveAvgPool2d(AdaptiveAvgPool2d),
@@ -230,6 +231,19 @@ pub struct Conv2d {
     /// large and rare next to the other instructions.
     #[serde(default)]
     pub epilogue: Option<Box<ConvEpilogue>>,
+}
+
+/// The weight gradient of a forward 2-D convolution (one group) from its NCHW input
+/// `[n, c_in, h, w]` and output gradient `[n, c_out, h_out, w_out]`: out `[c_out, c_in, kh, kw]`.
+/// Stride, padding and dilation are the forward convolution's.
+#[derive(Deserialize, Clone, Debug)]
+pub struct Conv2dWeightGrad {
+    pub input: Operand,
+    pub grad: Operand,
+    pub out: Operand,
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
 }
 
 /// What a convolution applies to its output as it writes it, in this order: batch norm in eval

@@ -63,6 +63,10 @@ def convolution(
     groups: int,
 ) -> Value:
     meta = p.out_meta()
+    if bias is None and not transposed and groups == 1:
+        grad_weight = _weight_gradient(p, node, x, weight, stride, padding, dilation, tuple(meta.shape))
+        if grad_weight is not None:
+            return grad_weight
     xv = p.contiguous(x)
     wv = p.contiguous(weight)
     bv = p.contiguous(bias) if bias is not None else None
@@ -104,6 +108,93 @@ def convolution(
     }
     p.emit(instr, [xv, wv, bv, taps], [out])
     return out
+
+
+def _batch_major(v: Tensorish) -> Value | None:
+    """``v`` [A, B, H, W] as the contiguous [B, A, H, W] tensor it is a view of (its first two dims
+    swapped), or None."""
+    if not isinstance(v, Value) or v.rank != 4:
+        return None
+    a, b, h, w = v.shape
+    swapped = v.with_view((b, a, h, w), (v.strides[1], v.strides[0], v.strides[2], v.strides[3]), v.offset)
+    return swapped if swapped.is_contiguous else None
+
+
+def _weight_gradient(
+    p: Planner,
+    node: Any,
+    x: Tensorish,
+    weight: Tensorish,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    out_shape: tuple[int, ...],
+) -> Value | None:
+    """A convolution over views whose batch and channel dims are swapped is the weight gradient of
+    a forward convolution (core writes it so: ``decompositions._weight_gradient``): ``x`` [C, N, H, W]
+    is that convolution's input and ``weight`` [O, N, Ho, Wo] its output gradient, the stride here its
+    dilation and the dilation here its stride. Computed from the NCHW tensors as they lie into an
+    [O, C, kh, kw] buffer (``kernels/conv_weight_grad.rs``), returned as the [C, O, kh, kw] view
+    asked for, so neither operand nor the result is copied. None where the layouts are otherwise."""
+    x_nchw, grad_nchw = _batch_major(x), _batch_major(weight)
+    if x_nchw is None or grad_nchw is None or len(out_shape) != 4:
+        return None
+    assert isinstance(x, Value) and isinstance(weight, Value)
+    if x.is_contiguous and weight.is_contiguous and weight.shape[2] * weight.shape[3] <= out_shape[2] * out_shape[3]:
+        return None  # a plain convolution of a batch that happens to have one image
+    c, o, full_h, full_w = out_shape
+    # the taps past the forward's kernel that core's product computes are sliced away by its readers
+    kh, kw = _taps_read(p, node, full_h, full_w)
+    # the [C, O, full_h, full_w] view reaches past its last row into slack the readers never see
+    slack = (full_h - kh) * kw + (full_w - kw)
+    buffer = p.new_value((o * c * kh * kw + slack,), x.dtype)
+    out = buffer.with_view((o, c, kh, kw), (c * kh * kw, kh * kw, kw, 1), buffer.offset)
+    p.emit(
+        {
+            "kind": "conv2d_weight_grad",
+            "input": x_nchw.operand(),
+            "grad": grad_nchw.operand(),
+            "out": out.operand(),
+            "stride": list(dilation),
+            "padding": list(padding),
+            "dilation": list(stride),
+        },
+        [x_nchw, grad_nchw],
+        [out],
+    )
+    return out.with_view((c, o, full_h, full_w), (kh * kw, c * kh * kw, kw, 1), out.offset)
+
+
+def _taps_read(p: Planner, node: Any, full_h: int, full_w: int) -> tuple[int, int]:
+    """How many rows and columns of taps (from the first) the readers of ``node``'s
+    [C, O, full_h, full_w] output read: fewer than all where every reader sees it through slices of
+    the tap dims from 0 (core's weight gradient narrowing its product to the kernel)."""
+    if node in p.output_users or not node.users:
+        return full_h, full_w
+    read = [0, 0]
+
+    def visit(n: Any, extent: tuple[int, int]) -> bool:
+        for user in n.users:
+            if user.target is not aten.slice.Tensor or user.args[0] is not n or user.kwargs:
+                read[0], read[1] = max(read[0], extent[0]), max(read[1], extent[1])
+                continue
+            dim, start, end, step = (*user.args[1:], None, None, None, None)[:4]
+            dim = (dim or 0) % 4
+            if (start or 0) != 0 or (step or 1) != 1:
+                return False
+            narrowed = list(extent)
+            if dim >= 2 and end is not None:
+                narrowed[dim - 2] = max(0, min(int(end), extent[dim - 2]))
+            after = (narrowed[0], narrowed[1])
+            if user in p.output_users:
+                read[0], read[1] = max(read[0], after[0]), max(read[1], after[1])
+            if not visit(user, after):
+                return False
+        return True
+
+    if not visit(node, (full_h, full_w)) or 0 in read:
+        return full_h, full_w
+    return read[0], read[1]
 
 
 # planes at least this wide (and tall) run "same" convolutions as shifted GEMMs: the padded grid's
