@@ -3,11 +3,17 @@
 //! Python permutes the reduced dims to the back (a stride permutation, no copy), so every reduction here
 //! is "for each kept index, fold the trailing block". Floats accumulate in f64 per output element, which
 //! keeps sums of millions of f32 values exact to f32 precision without a cascade.
+//!
+//! f32 sums and variances (means, batch norm statistics, `var_mean`) read their runs in place and
+//! accumulate them in f64 vector lanes ([`moments_f32`]); every other case stages each chunk as f64
+//! first. A variance can also write its mean (`var_mean` in one pass over memory: the second pass of
+//! the two-pass variance reads a block the first has just brought into cache).
 
 use super::elementwise::View;
 use super::strided::{for_runs, layout_of, load_run, store_run, Layout};
 use crate::plan::{DType, ReduceKind};
 use crate::threads;
+use torchburn_native_macros::isa_versions;
 
 const CHUNK: usize = 1024;
 
@@ -19,6 +25,8 @@ pub struct ReduceArgs<'a> {
     pub op: ReduceKind,
     pub scale: f64,
     pub correction: f64,
+    /// `Var` only: where each block's mean goes too (contiguous, as `out`)
+    pub mean_out: Option<&'a View>,
 }
 
 fn is_float(d: DType) -> bool {
@@ -62,11 +70,31 @@ pub unsafe fn reduce(a: &ReduceArgs<'_>) -> Result<(), String> {
             rem /= kept_shape[d];
         }
         let base = a.input.ptr.offset(off * a.input.dtype.size() as isize);
-        let (fv, iv) = if float {
-            fold_float(a, base, &red_shape, &red_strides, red_layout, inner)
-        } else {
-            fold_int(a, base, &red_shape, &red_strides, red_layout, inner)
-        };
+        let (fv, iv, mean) =
+            if a.input.dtype == DType::F32 && matches!(a.op, ReduceKind::Sum | ReduceKind::Var) {
+                let var = a.op == ReduceKind::Var;
+                let (sum, m2) = moments_f32(
+                    base as *const f32,
+                    &red_shape,
+                    &red_strides,
+                    red_layout,
+                    inner,
+                    var,
+                );
+                if var {
+                    (variance(a, m2, inner), 0, sum / inner as f64)
+                } else {
+                    (sum * a.scale, 0, 0.0)
+                }
+            } else if float {
+                fold_float(a, base, &red_shape, &red_strides, red_layout, inner)
+            } else {
+                let (fv, iv) = fold_int(a, base, &red_shape, &red_strides, red_layout, inner);
+                (fv, iv, 0.0)
+            };
+        if let Some(m) = a.mean_out {
+            store_run::<f64>(m.dtype, m.ptr, o as isize, 1, &[mean]);
+        }
         let out_ptr = a.out.ptr;
         match a.out.dtype {
             DType::I64 if matches!(a.op, ReduceKind::ArgMax | ReduceKind::ArgMin) => {
@@ -85,7 +113,90 @@ pub unsafe fn reduce(a: &ReduceArgs<'_>) -> Result<(), String> {
     Ok(())
 }
 
-/// Folds one block of a float input; returns (value, index) where index is used by arg* reductions.
+fn variance(a: &ReduceArgs<'_>, m2: f64, inner: usize) -> f64 {
+    let dof = inner as f64 - a.correction;
+    let var = if dof > 0.0 { m2 / dof } else { f64::NAN };
+    var * a.scale
+}
+
+/// The sum of one f32 block and, when `var`, the sum of its squared deviations from its mean (two
+/// passes; the second finds blocks of up to a few hundred KiB still in cache), both in f64.
+#[inline]
+unsafe fn moments_f32(
+    base: *const f32,
+    shape: &[usize],
+    strides: &[isize],
+    layout: Layout,
+    inner: usize,
+    var: bool,
+) -> (f64, f64) {
+    // SAFETY (both passes): every run for_runs yields lies inside the block the caller vouches for
+    let run = |off: isize, len: usize| std::slice::from_raw_parts(base.offset(off), len);
+    let mut sum = 0.0;
+    for_runs(shape, strides, layout, 0, inner, |_, off, len, st| {
+        sum += if st == 1 {
+            sum_f32(run(off, len))
+        } else {
+            (0..len as isize)
+                .map(|i| *base.offset(off + i * st) as f64)
+                .sum::<f64>()
+        };
+    });
+    if !var {
+        return (sum, 0.0);
+    }
+    let mean = sum / inner as f64;
+    let mut m2 = 0.0;
+    for_runs(shape, strides, layout, 0, inner, |_, off, len, st| {
+        m2 += if st == 1 {
+            squared_deviations_f32(run(off, len), mean)
+        } else {
+            (0..len as isize)
+                .map(|i| (*base.offset(off + i * st) as f64 - mean).powi(2))
+                .sum::<f64>()
+        };
+    });
+    (sum, m2)
+}
+
+/// f64 lanes kept by the f32 folds: four AVX-512 (eight AVX2) accumulators, enough independent
+/// adds to cover the add latency.
+const LANES: usize = 32;
+
+#[isa_versions]
+fn sum_f32(x: &[f32]) -> f64 {
+    let mut acc = [0f64; LANES];
+    let mut blocks = x.chunks_exact(LANES);
+    for block in &mut blocks {
+        for (a, &v) in acc.iter_mut().zip(block) {
+            *a += v as f64;
+        }
+    }
+    let tail: f64 = blocks.remainder().iter().map(|&v| v as f64).sum();
+    acc.iter().sum::<f64>() + tail
+}
+
+#[isa_versions]
+fn squared_deviations_f32(x: &[f32], mean: f64) -> f64 {
+    let mut acc = [0f64; LANES];
+    let mut blocks = x.chunks_exact(LANES);
+    for block in &mut blocks {
+        for (a, &v) in acc.iter_mut().zip(block) {
+            // not mul_add: without FMA (the baseline level) that is a libm call per element
+            let d = v as f64 - mean;
+            *a += d * d;
+        }
+    }
+    let tail: f64 = blocks
+        .remainder()
+        .iter()
+        .map(|&v| (v as f64 - mean).powi(2))
+        .sum();
+    acc.iter().sum::<f64>() + tail
+}
+
+/// Folds one block of a float input; returns (value, index, mean) where index is used by arg*
+/// reductions and mean by `Var`.
 #[inline]
 unsafe fn fold_float(
     a: &ReduceArgs<'_>,
@@ -94,7 +205,7 @@ unsafe fn fold_float(
     strides: &[isize],
     layout: Layout,
     inner: usize,
-) -> (f64, i64) {
+) -> (f64, i64, f64) {
     let mut buf = [0f64; CHUNK];
     let mut sum = 0.0f64;
     let mut prod = 1.0f64;
@@ -148,13 +259,13 @@ unsafe fn fold_float(
         start += n;
     }
     match a.op {
-        ReduceKind::Sum => (sum * a.scale, 0),
-        ReduceKind::Prod => (prod * a.scale, 0),
+        ReduceKind::Sum => (sum * a.scale, 0, 0.0),
+        ReduceKind::Prod => (prod * a.scale, 0, 0.0),
         ReduceKind::Max | ReduceKind::Min | ReduceKind::ArgMax | ReduceKind::ArgMin => {
-            (best, best_i)
+            (best, best_i, 0.0)
         }
-        ReduceKind::Any => (any as i64 as f64, any as i64),
-        ReduceKind::All => (all as i64 as f64, all as i64),
+        ReduceKind::Any => (any as i64 as f64, any as i64, 0.0),
+        ReduceKind::All => (all as i64 as f64, all as i64, 0.0),
         ReduceKind::Var => {
             let mean = sum / inner as f64;
             let mut m2 = 0.0f64;
@@ -168,9 +279,7 @@ unsafe fn fold_float(
                 m2 += chunk.iter().map(|&x| (x - mean) * (x - mean)).sum::<f64>();
                 start += n;
             }
-            let dof = inner as f64 - a.correction;
-            let var = if dof > 0.0 { m2 / dof } else { f64::NAN };
-            (var * a.scale, 0)
+            (variance(a, m2, inner), 0, mean)
         }
     }
 }
@@ -249,6 +358,7 @@ mod tests {
             op: ReduceKind::Sum,
             scale: 1.0,
             correction: 0.0,
+            mean_out: None,
         };
         unsafe { reduce(&args).unwrap() };
         assert_eq!(out, vec![18.0, 22.0, 26.0]);
@@ -265,6 +375,7 @@ mod tests {
             op: ReduceKind::ArgMax,
             scale: 1.0,
             correction: 0.0,
+            mean_out: None,
         };
         unsafe { reduce(&args).unwrap() };
         assert_eq!(idx, vec![2, 2, 1, 2]);
@@ -284,8 +395,69 @@ mod tests {
             op: ReduceKind::Var,
             scale: 1.0,
             correction: 1.0,
+            mean_out: None,
         };
         unsafe { reduce(&args).unwrap() };
         assert!((out[0] - 5.0 / 3.0).abs() < 1e-12);
+    }
+
+    /// f32 sums and variances (with the mean written too) over strided views, unit-stride runs and
+    /// strided runs, against f64 sums of the same elements.
+    #[test]
+    fn f32_sum_and_variance_with_mean_over_strided_views() {
+        let x: Vec<f32> = (0..5 * 7 * 70)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.37 + 1000.0)
+            .collect();
+        // [5, 7, 70] reduced over dims 0 and 2 (kept 7), and over dim 0 alone with 7·70 kept
+        let cases: [(&[usize], &[isize]); 2] =
+            [(&[7, 5, 70], &[70, 490, 1]), (&[490, 5], &[1, 490])];
+        for (shape, strides) in cases {
+            let outer = shape[0];
+            let inner: usize = shape[1..].iter().product();
+            let element = |o: usize, j: usize| {
+                let (mut rem, mut off) = (j, o as isize * strides[0]);
+                for d in (1..shape.len()).rev() {
+                    off += (rem % shape[d]) as isize * strides[d];
+                    rem /= shape[d];
+                }
+                x[off as usize] as f64
+            };
+            let mut xs = x.clone();
+            let input = View::new(xs.as_mut_ptr() as *mut u8, DType::F32, shape, strides);
+            for op in [ReduceKind::Sum, ReduceKind::Var] {
+                let (mut out, mut mean) = (vec![0f32; outer], vec![0f32; outer]);
+                let outv = View::new(out.as_mut_ptr() as *mut u8, DType::F32, &[outer], &[1]);
+                let meanv = View::new(mean.as_mut_ptr() as *mut u8, DType::F32, &[outer], &[1]);
+                let var = op == ReduceKind::Var;
+                let args = ReduceArgs {
+                    input: &input,
+                    in_shape: shape,
+                    kept: 1,
+                    out: &outv,
+                    op,
+                    scale: 1.0,
+                    correction: 1.0,
+                    mean_out: var.then_some(&meanv),
+                };
+                unsafe { reduce(&args).unwrap() };
+                for o in 0..outer {
+                    let sum: f64 = (0..inner).map(|j| element(o, j)).sum();
+                    let m = sum / inner as f64;
+                    let m2: f64 = (0..inner).map(|j| (element(o, j) - m).powi(2)).sum();
+                    let (want, got) = if var {
+                        (m2 / (inner - 1) as f64, out[o])
+                    } else {
+                        (sum, out[o])
+                    };
+                    assert!(
+                        (got as f64 - want).abs() <= 1e-6 * want.abs(),
+                        "{op:?} {o}: {got} vs {want}"
+                    );
+                    if var {
+                        assert!((mean[o] as f64 - m).abs() <= 1e-6 * m.abs(), "mean {o}");
+                    }
+                }
+            }
+        }
     }
 }

@@ -104,6 +104,9 @@ pub struct Reduce {
     pub scale: f64,
     #[serde(default)]
     pub correction: f64,
+    /// `Var` only: also write each block's mean here (`var_mean` in one instruction)
+    #[serde(default)]
+    pub mean_out: Option<Operand>,
 }
 
 /// Softmax (or log-softmax) over the middle dim of a contiguous `[outer, n, inner]`.

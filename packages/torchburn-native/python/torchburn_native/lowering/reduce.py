@@ -35,6 +35,22 @@ def reduce_values(
     scale: float = 1.0,
     correction: float = 0.0,
 ) -> Value:
+    return _reduce(p, x, dims, keepdim, op, out_dtype, scale, correction)[0]
+
+
+def _reduce(
+    p: Planner,
+    x: Tensorish,
+    dims: Any,
+    keepdim: bool,
+    op: str,
+    out_dtype: torch.dtype,
+    scale: float = 1.0,
+    correction: float = 0.0,
+    mean_dtype: torch.dtype | None = None,
+) -> tuple[Value, Value | None]:
+    """One reduce instruction; a variance with ``mean_dtype`` also writes its blocks' means (returned
+    second), so ``var_mean`` reads its input once."""
     v = p.value(x)
     rank = v.rank
     red = _dims(rank, dims)
@@ -43,24 +59,30 @@ def reduce_values(
     shape = tuple(v.shape[d] for d in order) or (1,)
     strides = tuple(v.strides[d] for d in order) or (0,)
     kept_shape = tuple(v.shape[d] for d in kept)
+    kept_strides = contiguous_strides(kept_shape) or (1,)
     out = p.new_value(kept_shape, out_dtype)
-    p.emit(
-        {
-            "kind": "reduce",
-            "input": v.operand(shape, strides),
-            "out": out.operand(kept_shape or (1,), contiguous_strides(kept_shape) or (1,)),
-            "kept": len(kept) if rank else 1,
-            "op": op,
-            "scale": scale,
-            "correction": correction,
-        },
-        [v],
-        [out],
-    )
+    instr: dict[str, Any] = {
+        "kind": "reduce",
+        "input": v.operand(shape, strides),
+        "out": out.operand(kept_shape or (1,), kept_strides),
+        "kept": len(kept) if rank else 1,
+        "op": op,
+        "scale": scale,
+        "correction": correction,
+    }
+    outs = [out]
+    mean = None
+    if mean_dtype is not None:
+        mean = p.new_value(kept_shape, mean_dtype)
+        instr["mean_out"] = mean.operand(kept_shape or (1,), kept_strides)
+        outs.append(mean)
+    p.emit(instr, [v], outs)
     if keepdim:
         full = tuple(1 if d in red else v.shape[d] for d in range(rank))
-        return out.with_view(full, contiguous_strides(full), out.offset)
-    return out
+        full_strides = contiguous_strides(full)
+        out = out.with_view(full, full_strides, out.offset)
+        mean = None if mean is None else mean.with_view(full, full_strides, mean.offset)
+    return out, mean
 
 
 def _count(x: Tensorish, dims: Any) -> int:
@@ -163,7 +185,6 @@ def var_mean(
 ) -> tuple[Value, Value]:
     var_meta, mean_meta = p.out_meta()
     c = 1.0 if correction is None else float(correction)
-    n = _count(x, dims)
-    variance = reduce_values(p, x, dims, keepdim, "var", var_meta.dtype, correction=c)
-    average = reduce_values(p, x, dims, keepdim, "sum", mean_meta.dtype, scale=1.0 / n if n else float("nan"))
+    variance, average = _reduce(p, x, dims, keepdim, "var", var_meta.dtype, correction=c, mean_dtype=mean_meta.dtype)
+    assert average is not None
     return variance, average
