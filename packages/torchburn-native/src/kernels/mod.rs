@@ -23,6 +23,8 @@ pub mod quant;
 pub mod reduce;
 pub mod resample;
 pub mod scan;
+#[cfg(target_arch = "x86_64")]
+pub mod scan_x86;
 pub mod softmax;
 #[cfg(target_arch = "x86_64")]
 pub mod softmax_x86;

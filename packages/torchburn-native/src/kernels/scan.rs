@@ -22,11 +22,17 @@ pub trait Scalar: Copy + PartialOrd + Send + Sync {
     /// An unsigned key in the sort order: equal for values the sort treats as equal (-0.0 and 0.0,
     /// every NaN), NaN above every number.
     fn sort_key(self) -> u64;
+    /// Running sums of the contiguous lines of `n` in `x` into `out` in explicit SIMD, where this
+    /// type and the CPU have such a kernel; false where the portable loop must run.
+    fn simd_running_sums(x: &[Self], out: &mut [Self], n: usize) -> bool;
 }
 
 macro_rules! float_scalar {
-    ($t:ty, $acc:ty, $bits:ty) => {
+    ($t:ty, $acc:ty, $bits:ty, $sums:expr) => {
         impl Scalar for $t {
+            fn simd_running_sums(x: &[$t], out: &mut [$t], n: usize) -> bool {
+                ($sums)(x, out, n)
+            }
             type Acc = $acc;
             fn zero_acc() -> $acc {
                 0.0
@@ -73,11 +79,17 @@ macro_rules! float_scalar {
     };
 }
 
-float_scalar!(f32, f64, u32);
-float_scalar!(f64, f64, u64);
+#[cfg(target_arch = "x86_64")]
+float_scalar!(f32, f64, u32, super::scan_x86::running_sums_f32);
+#[cfg(not(target_arch = "x86_64"))]
+float_scalar!(f32, f64, u32, |_: &[f32], _: &mut [f32], _| false);
+float_scalar!(f64, f64, u64, |_: &[f64], _: &mut [f64], _| false);
 
 impl Scalar for i64 {
     type Acc = i64;
+    fn simd_running_sums(_: &[i64], _: &mut [i64], _: usize) -> bool {
+        false
+    }
     fn zero_acc() -> i64 {
         0
     }
@@ -184,6 +196,9 @@ pub fn scan<T: Scalar>(
         let groups_per_task = (min_planes / GROUP).max(1);
         par_chunks_mut_min(out, n * GROUP, groups_per_task, |g, chunk| {
             let xs = &x[g * GROUP * n..];
+            if op == ScanOp::Sum && T::simd_running_sums(&xs[..chunk.len()], chunk, n) {
+                return;
+            }
             if chunk.len() == GROUP * n {
                 scan_group(op, xs, chunk, n);
             } else {
