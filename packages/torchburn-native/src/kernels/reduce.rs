@@ -54,11 +54,7 @@ pub unsafe fn reduce(a: &ReduceArgs<'_>) -> Result<(), String> {
         return Err(format!("{:?} of an empty dimension has no identity", a.op));
     }
     // reduce over a rank-1 view when there is nothing to reduce, so for_runs always has a dimension
-    let (red_shape, red_strides): (Vec<usize>, Vec<isize>) = if red_shape.is_empty() {
-        (vec![1], vec![0])
-    } else {
-        (red_shape.to_vec(), red_strides.to_vec())
-    };
+    let (red_shape, red_strides) = coalesce(red_shape, red_strides);
     let red_layout = layout_of(&red_shape, &red_strides);
     let float = is_float(a.input.dtype);
     let one = |o: usize| {
@@ -134,7 +130,7 @@ unsafe fn moments_f32(
     let run = |off: isize, len: usize| std::slice::from_raw_parts(base.offset(off), len);
     let mut sum = 0.0;
     for_runs(shape, strides, layout, 0, inner, |_, off, len, st| {
-        sum += if st == 1 {
+        sum += if st == 1 && len >= LANES {
             sum_f32(run(off, len))
         } else {
             (0..len as isize)
@@ -148,7 +144,7 @@ unsafe fn moments_f32(
     let mean = sum / inner as f64;
     let mut m2 = 0.0;
     for_runs(shape, strides, layout, 0, inner, |_, off, len, st| {
-        m2 += if st == 1 {
+        m2 += if st == 1 && len >= LANES {
             squared_deviations_f32(run(off, len), mean)
         } else {
             (0..len as isize)
@@ -193,6 +189,33 @@ fn squared_deviations_f32(x: &[f32], mean: f64) -> f64 {
         .map(|&v| (v as f64 - mean).powi(2))
         .sum();
     acc.iter().sum::<f64>() + tail
+}
+
+/// The reduced dims with unit dims dropped and each dim merged into the one before it where the two
+/// step through memory as one (batch norm's `[n, h, w]` of a channel becomes `[n, h·w]`), so that runs
+/// are as long as the layout allows; never empty (`[1]` for nothing to reduce).
+fn coalesce(shape: &[usize], strides: &[isize]) -> (Vec<usize>, Vec<isize>) {
+    let (mut dims, mut steps): (Vec<usize>, Vec<isize>) = (vec![], vec![]);
+    for (&n, &st) in shape.iter().zip(strides) {
+        if n == 1 {
+            continue;
+        }
+        match (dims.last_mut(), steps.last_mut()) {
+            (Some(last), Some(step)) if *step == st * n as isize => {
+                *last *= n;
+                *step = st;
+            }
+            _ => {
+                dims.push(n);
+                steps.push(st);
+            }
+        }
+    }
+    if dims.is_empty() || shape.contains(&0) {
+        // one element, or none (an empty block: the sum of nothing)
+        return (vec![shape.iter().product()], vec![0]);
+    }
+    (dims, steps)
 }
 
 /// Folds one block of a float input; returns (value, index, mean) where index is used by arg*
