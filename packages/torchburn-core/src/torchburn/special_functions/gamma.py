@@ -424,9 +424,17 @@ def erfinv(y: Tensor) -> Tensor:
     r = torch.sqrt(-torch.log((1.0 - y_abs) / 2.0))
     tail = torch.copysign(_horner(r, _ERFINV_C[::-1]), y) / _horner(r, (*_ERFINV_D[::-1], 1.0))
     x = torch.where(y_abs <= _ERFINV_CENTRAL, central, tail)
-    # two Newton steps on erf(x) = y bring the start to full precision
+    # two Newton steps on erf(x) = y bring the start to full precision where erf can tell x apart.
+    # Near +-1 it cannot: in float32 erf is within one rounding of 1 - 2**-24 all over [3.80, 3.86], and
+    # whether a vectorised erf rounds up or down there (CPUs differ) would move x by 0.03. A step no
+    # larger than what one rounding of erf(x) moves x by is that noise, and the start (good to 1e-5
+    # there) is kept.
+    eps = torch.finfo(x.dtype).eps
     for _ in range(2):
-        x = x - (torch.erf(x) - y) / (_TWO_OVER_SQRT_PI * torch.exp(-x * x))
+        slope = _TWO_OVER_SQRT_PI * torch.exp(-x * x)
+        step = (torch.erf(x) - y) / slope
+        noise = eps * y_abs / slope
+        x = torch.where(torch.abs(step) > noise, x - step, x)
     x = torch.where(y_abs == 1.0, torch.copysign(_full(y, _INF), y), x)
     return _select(y_abs > 1.0, _NAN, x).to(dtype)
 
