@@ -126,69 +126,79 @@ unsafe fn moments_f32(
     inner: usize,
     var: bool,
 ) -> (f64, f64) {
-    // SAFETY (both passes): every run for_runs yields lies inside the block the caller vouches for
-    let run = |off: isize, len: usize| std::slice::from_raw_parts(base.offset(off), len);
-    let mut sum = 0.0;
-    for_runs(shape, strides, layout, 0, inner, |_, off, len, st| {
-        sum += if st == 1 && len >= LANES {
-            sum_f32(run(off, len))
-        } else {
-            (0..len as isize)
-                .map(|i| *base.offset(off + i * st) as f64)
-                .sum::<f64>()
-        };
-    });
+    let sum = fold_runs(base, shape, strides, layout, inner, sum_f32, |v| v);
     if !var {
         return (sum, 0.0);
     }
     let mean = sum / inner as f64;
-    let mut m2 = 0.0;
+    let m2 = fold_runs(
+        base,
+        shape,
+        strides,
+        layout,
+        inner,
+        |run| squared_deviations_f32(run, mean),
+        |v| (v - mean) * (v - mean),
+    );
+    (sum, m2)
+}
+
+/// One pass over the runs of an f32 block: `lanes` on unit-stride runs long enough to fill its
+/// accumulators, the sum of `term` of each element on the others.
+///
+/// # Safety
+/// Every run of `shape`/`strides` from `base` must be readable.
+#[inline(always)]
+unsafe fn fold_runs(
+    base: *const f32,
+    shape: &[usize],
+    strides: &[isize],
+    layout: Layout,
+    inner: usize,
+    lanes: impl Fn(&[f32]) -> f64,
+    term: impl Fn(f64) -> f64,
+) -> f64 {
+    let mut acc = 0.0;
     for_runs(shape, strides, layout, 0, inner, |_, off, len, st| {
-        m2 += if st == 1 && len >= LANES {
-            squared_deviations_f32(run(off, len), mean)
+        acc += if st == 1 && len >= LANES {
+            lanes(std::slice::from_raw_parts(base.offset(off), len))
         } else {
             (0..len as isize)
-                .map(|i| (*base.offset(off + i * st) as f64 - mean).powi(2))
+                .map(|i| term(*base.offset(off + i * st) as f64))
                 .sum::<f64>()
         };
     });
-    (sum, m2)
+    acc
 }
 
 /// f64 lanes kept by the f32 folds: four AVX-512 (eight AVX2) accumulators, enough independent
 /// adds to cover the add latency.
 const LANES: usize = 32;
 
-#[isa_versions]
-fn sum_f32(x: &[f32]) -> f64 {
+/// The sum of `term` of each element of `x`, widened to f64, in `LANES` accumulators; inlined into
+/// each ISA version of its callers.
+#[inline(always)]
+fn fold_lanes(x: &[f32], term: impl Fn(f64) -> f64) -> f64 {
     let mut acc = [0f64; LANES];
     let mut blocks = x.chunks_exact(LANES);
     for block in &mut blocks {
         for (a, &v) in acc.iter_mut().zip(block) {
-            *a += v as f64;
+            *a += term(v as f64);
         }
     }
-    let tail: f64 = blocks.remainder().iter().map(|&v| v as f64).sum();
+    let tail: f64 = blocks.remainder().iter().map(|&v| term(v as f64)).sum();
     acc.iter().sum::<f64>() + tail
 }
 
 #[isa_versions]
+fn sum_f32(x: &[f32]) -> f64 {
+    fold_lanes(x, |v| v)
+}
+
+#[isa_versions]
 fn squared_deviations_f32(x: &[f32], mean: f64) -> f64 {
-    let mut acc = [0f64; LANES];
-    let mut blocks = x.chunks_exact(LANES);
-    for block in &mut blocks {
-        for (a, &v) in acc.iter_mut().zip(block) {
-            // not mul_add: without FMA (the baseline level) that is a libm call per element
-            let d = v as f64 - mean;
-            *a += d * d;
-        }
-    }
-    let tail: f64 = blocks
-        .remainder()
-        .iter()
-        .map(|&v| (v as f64 - mean).powi(2))
-        .sum();
-    acc.iter().sum::<f64>() + tail
+    // d * d, not powi or mul_add: without FMA (the baseline level) mul_add is a libm call per element
+    fold_lanes(x, |v| (v - mean) * (v - mean))
 }
 
 /// The reduced dims with unit dims dropped and each dim merged into the one before it where the two

@@ -16,28 +16,23 @@ pub fn running_sums_f32(x: &[f32], out: &mut [f32], n: usize) -> bool {
     if n == 0 {
         return true;
     }
-    let lines = out.len() / n;
     assert!(
-        x.len() >= lines * n,
+        x.len() >= out.len() / n * n,
         "running sums: input shorter than the output"
     );
-    if crate::isa::avx512() {
-        for l in 0..lines {
-            let (src, dst) = (&x[l * n..(l + 1) * n], &mut out[l * n..(l + 1) * n]);
-            // SAFETY: the CPU has AVX-512F; the function reads `src` and writes `dst` within bounds
-            unsafe { line_avx512(src, dst) };
-        }
-        true
+    let line: unsafe fn(&[f32], &mut [f32]) = if crate::isa::avx512() {
+        line_avx512
     } else if crate::isa::avx2() {
-        for l in 0..lines {
-            let (src, dst) = (&x[l * n..(l + 1) * n], &mut out[l * n..(l + 1) * n]);
-            // SAFETY: the CPU has AVX2; the function reads `src` and writes `dst` within bounds
-            unsafe { line_avx2(src, dst) };
-        }
-        true
+        line_avx2
     } else {
-        false
+        return false;
+    };
+    for (src, dst) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        // SAFETY: `line` is the version of the level the CPU runs; it reads `src` and writes `dst`
+        // within bounds
+        unsafe { line(src, dst) };
     }
+    true
 }
 
 /// `valignq` with a zero vector: lanes move up by `SHIFT`, zeros come in at the bottom.
