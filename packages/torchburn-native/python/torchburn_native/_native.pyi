@@ -55,6 +55,25 @@ class QMatrix:
     @property
     def nbytes(self) -> int: ...
 
+class GgmlMatrix:
+    """A weight matrix [n, k] in one of GGUF's tensor types ("F32", "F16", "BF16", "Q8_0", "Q4_0",
+    "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"), read in place from bytes an owner lends."""
+
+    @staticmethod
+    def lend(kind: str, ptr: int, nbytes: int, n: int, k: int, owner: object) -> GgmlMatrix:
+        """``nbytes`` bytes at ``ptr`` that ``owner`` keeps readable and unchanged (the matrix holds it)."""
+    @staticmethod
+    def block_size(kind: str) -> tuple[int, int]:
+        """(elements, bytes) of one block of ``kind``."""
+    @property
+    def shape(self) -> tuple[int, int]: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def nbytes(self) -> int: ...
+    def dequantize_into(self, start: int, count: int, out: int) -> None: ...
+    def matmul_into(self, x: int, tokens: int, out: int) -> None: ...
+
 # a projection: (QMatrix or (address, n, k) of a row-major f32 matrix, bias address or 0)
 Projection = tuple[QMatrix | tuple[int, int, int], int]
 

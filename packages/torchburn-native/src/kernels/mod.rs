@@ -9,6 +9,7 @@ pub mod elementwise;
 pub mod gelu_x86;
 pub mod gemm;
 pub mod gemm_packed;
+pub mod ggml;
 pub mod index;
 pub mod lanes;
 pub mod math;

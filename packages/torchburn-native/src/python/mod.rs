@@ -5,6 +5,7 @@
 
 use pyo3::prelude::*;
 
+mod ggml;
 mod program;
 mod runtime;
 mod transformer;
@@ -12,6 +13,7 @@ mod transformer;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     program::register(m)?;
+    ggml::register(m)?;
     transformer::register(m)?;
     runtime::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -1,0 +1,164 @@
+//! Matrices in GGUF's tensor types, computed in as stored: the weights stay the file's bytes (mapped,
+//! not copied, when the caller lends them) and each product dequantizes in registers.
+//!
+//! - [`blocks`]: the types, their block layouts and the decoder every path is checked against;
+//! - [`acts`]: activation rows quantized the way each type's products take them;
+//! - [`dot`]: the portable row products (the baseline path);
+//! - `dot_avx2`: the AVX2 row products (also run at the AVX-512 level).
+
+pub mod acts;
+pub mod blocks;
+pub mod dot;
+#[cfg(target_arch = "x86_64")]
+pub mod dot_avx2;
+
+use std::any::Any;
+use std::ops::Range;
+
+pub use blocks::GgmlType;
+
+use crate::threads;
+
+/// Bytes a matrix reads: its own, or memory lent by an owner (a mapped file) kept alive with them.
+pub struct WeightBytes {
+    ptr: *const u8,
+    len: usize,
+    _owner: Box<dyn Any + Send + Sync>,
+}
+
+// SAFETY: the bytes are never written after construction, and the owner is Send + Sync
+unsafe impl Send for WeightBytes {}
+unsafe impl Sync for WeightBytes {}
+
+impl WeightBytes {
+    pub fn owned(bytes: Vec<u8>) -> WeightBytes {
+        let (ptr, len) = (bytes.as_ptr(), bytes.len());
+        // moving the Vec into the box moves its header, not its heap buffer
+        WeightBytes {
+            ptr,
+            len,
+            _owner: Box::new(bytes),
+        }
+    }
+
+    /// `len` bytes at `ptr`, which stay valid and unchanged while `owner` lives.
+    ///
+    /// # Safety
+    /// As stated: `owner` must keep `ptr..ptr + len` readable and unwritten until it is dropped.
+    pub unsafe fn lent(
+        ptr: *const u8,
+        len: usize,
+        owner: Box<dyn Any + Send + Sync>,
+    ) -> WeightBytes {
+        WeightBytes {
+            ptr,
+            len,
+            _owner: owner,
+        }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: see the constructors
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+/// A weight matrix `[n, k]` stored row after row as GGUF type `kind`.
+pub struct GgmlMatrix {
+    pub kind: GgmlType,
+    pub n: usize,
+    pub k: usize,
+    bytes: WeightBytes,
+}
+
+impl GgmlMatrix {
+    /// Checks that `bytes` hold exactly `n` rows of `k` elements of `kind`.
+    pub fn new(
+        kind: GgmlType,
+        n: usize,
+        k: usize,
+        bytes: WeightBytes,
+    ) -> Result<GgmlMatrix, String> {
+        if n == 0 || k == 0 {
+            return Err(format!(
+                "a {} matrix needs rows and columns, got {n}x{k}",
+                kind.name()
+            ));
+        }
+        let block = kind.block_len().max(acts::act_block(kind));
+        if !k.is_multiple_of(block) {
+            return Err(format!(
+                "{} rows are whole blocks of {block} elements; a row of {k} is not",
+                kind.name()
+            ));
+        }
+        let want = n
+            .checked_mul(kind.row_bytes(k))
+            .ok_or_else(|| format!("{n}x{k} {} is too large", kind.name()))?;
+        if bytes.len != want {
+            return Err(format!(
+                "{n}x{k} {} takes {want} bytes, got {}",
+                kind.name(),
+                bytes.len
+            ));
+        }
+        Ok(GgmlMatrix { kind, n, k, bytes })
+    }
+
+    /// Bytes the weights take.
+    pub fn nbytes(&self) -> usize {
+        self.bytes.len
+    }
+
+    /// Row `r`'s bytes.
+    pub fn row(&self, r: usize) -> &[u8] {
+        let len = self.kind.row_bytes(self.k);
+        &self.bytes.as_slice()[r * len..(r + 1) * len]
+    }
+
+    /// Rows `rows` as f32, `[rows.len(), k]` into `out`.
+    pub fn dequantize_rows(&self, rows: Range<usize>, out: &mut [f32]) {
+        assert!(rows.end <= self.n, "rows out of range");
+        assert_eq!(out.len(), rows.len() * self.k, "output length");
+        for (r, dst) in rows.zip(out.chunks_exact_mut(self.k)) {
+            blocks::dequantize_row(self.kind, self.row(r), dst);
+        }
+    }
+
+    /// Row `r` times activations `a` (made by [`acts::quantize_for`] for this matrix's type), on
+    /// the best path the ISA level allows.
+    pub fn row_dot(&self, r: usize, a: &acts::Acts) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if crate::isa::avx2() {
+            // SAFETY: the CPU has AVX2, FMA and F16C (the level includes them); `a` is a whole row's
+            unsafe {
+                return dot_avx2::row_dot(self.kind, self.row(r), a);
+            }
+        }
+        dot::row_dot(self.kind, self.row(r), a)
+    }
+
+    /// `out[t·n + r] = Σ_j x[t·k + j] · W[r, j]` for `t` in `0..tokens`, rows split between threads.
+    pub fn matmul(&self, x: &[f32], tokens: usize, out: &mut [f32]) {
+        let (n, k) = (self.n, self.k);
+        assert_eq!(x.len(), tokens * k, "input length");
+        assert_eq!(out.len(), tokens * n, "output length");
+        let quantized: Vec<acts::Acts> = x
+            .chunks_exact(k)
+            .map(|row| acts::quantize_for(self.kind, row))
+            .collect();
+        let out_ptr = threads::SendPtr(out.as_mut_ptr());
+        threads::par_ranges(n, 16, |lo, hi| {
+            let out = out_ptr;
+            for r in lo..hi {
+                for (t, a) in quantized.iter().enumerate() {
+                    // SAFETY: rows lo..hi of every token's output belong to this task alone
+                    unsafe { *out.get().add(t * n + r) = self.row_dot(r, a) };
+                }
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,206 @@
+//! The row products of every GGUF type, on the path `TORCHBURN_ISA` selects and on the portable
+//! one, against f64 sums over the dequantized weights and activations. (The dequantizer itself is
+//! held against `gguf`'s in `tests/native/test_ggml.py`.)
+
+use half::{bf16, f16};
+
+use super::acts::quantize_for;
+use super::blocks::{dequantize_row, GgmlType};
+use super::{dot, GgmlMatrix, WeightBytes};
+use crate::kernels::testing::{centered, uniform};
+
+/// Where each type keeps its f16 factors (random bytes there could be infinite or NaN).
+fn half_fields(kind: GgmlType) -> &'static [usize] {
+    match kind {
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => &[0],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
+        GgmlType::Q6K => &[208],
+        _ => &[],
+    }
+}
+
+/// `n` rows of `k` elements of `kind`: random block bytes with finite factors in ±[0.001, 0.05).
+fn random_matrix(kind: GgmlType, n: usize, k: usize, seed: u64) -> Vec<u8> {
+    let len = n * kind.row_bytes(k);
+    let mut bytes: Vec<u8> = uniform(len, seed).map(|u| (u * 256.0) as u8).collect();
+    let mut factor = uniform(len, seed + 1).map(|u| {
+        let mag = 0.001 + 0.049 * u;
+        if ((u * 1e6) as u64).is_multiple_of(2) {
+            mag
+        } else {
+            -mag
+        }
+    });
+    match kind {
+        GgmlType::F32 => {
+            for (c, v) in bytes.chunks_exact_mut(4).zip(centered(n * k, seed + 2)) {
+                c.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        GgmlType::F16 => {
+            for (c, v) in bytes.chunks_exact_mut(2).zip(centered(n * k, seed + 2)) {
+                c.copy_from_slice(&f16::from_f32(v).to_le_bytes());
+            }
+        }
+        GgmlType::BF16 => {
+            for (c, v) in bytes.chunks_exact_mut(2).zip(centered(n * k, seed + 2)) {
+                c.copy_from_slice(&bf16::from_f32(v).to_le_bytes());
+            }
+        }
+        _ => {
+            for block in bytes.chunks_exact_mut(kind.block_bytes()) {
+                for &at in half_fields(kind) {
+                    let v = f16::from_f64(factor.next().unwrap());
+                    block[at..at + 2].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+    }
+    bytes
+}
+
+fn matrix(kind: GgmlType, n: usize, k: usize, seed: u64) -> GgmlMatrix {
+    GgmlMatrix::new(
+        kind,
+        n,
+        k,
+        WeightBytes::owned(random_matrix(kind, n, k, seed)),
+    )
+    .unwrap()
+}
+
+/// `Σ w · x` in f64 over the dequantized row and the activations as the product sees them.
+fn reference(m: &GgmlMatrix, r: usize, x: &[f32]) -> (f64, f64) {
+    let mut w = vec![0f32; m.k];
+    dequantize_row(m.kind, m.row(r), &mut w);
+    let a = quantize_for(m.kind, x);
+    let seen: Vec<f64> = if a.block == 0 {
+        x.iter().map(|&v| v as f64).collect()
+    } else {
+        a.q.iter()
+            .enumerate()
+            .map(|(i, &q)| a.d[i / a.block] as f64 * q as f64)
+            .collect()
+    };
+    let exact = w.iter().zip(&seen).map(|(&w, &x)| w as f64 * x).sum();
+    let size = w
+        .iter()
+        .zip(&seen)
+        .map(|(&w, &x)| (w as f64 * x).abs())
+        .sum();
+    (exact, size)
+}
+
+#[test]
+fn every_type_matches_its_dequantized_product() {
+    let k = 512;
+    for kind in GgmlType::ALL {
+        let m = matrix(kind, 6, k, 11);
+        for seed in 0..3 {
+            let x = centered(k, 100 + seed);
+            let a = quantize_for(kind, &x);
+            for r in 0..m.n {
+                let (exact, size) = reference(&m, r, &x);
+                let tol = 2e-6 * size + 1e-12;
+                let best = m.row_dot(r, &a) as f64;
+                let portable = dot::row_dot(kind, m.row(r), &a) as f64;
+                assert!(
+                    (best - exact).abs() <= tol,
+                    "{} row {r}: {best} against {exact} (tolerance {tol}) at {}",
+                    kind.name(),
+                    crate::isa::level().name()
+                );
+                assert!(
+                    (portable - exact).abs() <= tol,
+                    "{} row {r} portable: {portable} against {exact}",
+                    kind.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn extreme_blocks_do_not_saturate() {
+    // every integer at its largest magnitude, activations all ±127 of the same sign: the widest sums
+    let k = 256;
+    for kind in GgmlType::ALL.into_iter().filter(|t| !t.is_float()) {
+        for fill in [0x00u8, 0xFF, 0x80, 0x7F] {
+            let mut bytes = vec![fill; kind.row_bytes(k)];
+            for block in bytes.chunks_exact_mut(kind.block_bytes()) {
+                for &at in half_fields(kind) {
+                    block[at..at + 2].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
+                }
+            }
+            let m = GgmlMatrix::new(kind, 1, k, WeightBytes::owned(bytes)).unwrap();
+            for sign in [1.0f32, -1.0] {
+                let x = vec![sign; k];
+                let a = quantize_for(kind, &x);
+                let (exact, size) = reference(&m, 0, &x);
+                let got = m.row_dot(0, &a) as f64;
+                assert!(
+                    (got - exact).abs() <= 2e-6 * size + 1e-9,
+                    "{} filled with {fill:#x}, x = {sign}: {got} against {exact}",
+                    kind.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn odd_lengths_of_float_rows() {
+    for kind in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+        for k in [1, 7, 8, 9, 23, 40] {
+            let m = matrix(kind, 2, k, k as u64);
+            let x = centered(k, 5);
+            let a = quantize_for(kind, &x);
+            for r in 0..2 {
+                let (exact, size) = reference(&m, r, &x);
+                let got = m.row_dot(r, &a) as f64;
+                assert!(
+                    (got - exact).abs() <= 1e-6 * size + 1e-12,
+                    "{} k={k}",
+                    kind.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_gives_each_token_its_rows() {
+    let (n, k, tokens) = (37, 256, 5);
+    for kind in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q8_0, GgmlType::F16] {
+        let m = matrix(kind, n, k, 3);
+        let x = centered(tokens * k, 9);
+        let mut out = vec![0f32; tokens * n];
+        m.matmul(&x, tokens, &mut out);
+        for t in 0..tokens {
+            let a = quantize_for(kind, &x[t * k..(t + 1) * k]);
+            for r in 0..n {
+                assert_eq!(
+                    out[t * n + r],
+                    m.row_dot(r, &a),
+                    "{} token {t} row {r}",
+                    kind.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn wrong_sizes_are_refused() {
+    let bytes = |len| WeightBytes::owned(vec![0; len]);
+    let err = GgmlMatrix::new(GgmlType::Q4K, 2, 128, bytes(144))
+        .err()
+        .unwrap();
+    assert!(err.contains("whole blocks of 256"), "{err}");
+    let err = GgmlMatrix::new(GgmlType::Q8_0, 2, 64, bytes(100))
+        .err()
+        .unwrap();
+    assert!(err.contains("takes 136 bytes"), "{err}");
+    assert!(GgmlMatrix::new(GgmlType::Q8_0, 0, 64, bytes(0)).is_err());
+    assert!(GgmlMatrix::new(GgmlType::Q4_0, 1, 32, bytes(18)).is_ok());
+}
