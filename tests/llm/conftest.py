@@ -21,4 +21,5 @@ def smollm2_path() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2(smollm2_path: Path) -> LLM:
-    return LLM.from_pretrained(smollm2_path)
+    """The embedded model dequantized to fp32: the reference the other formats are held against."""
+    return LLM.from_pretrained(smollm2_path, quant="fp32")

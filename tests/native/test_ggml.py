@@ -3,10 +3,12 @@ dequantizers: the format's ground truth.
 
 Blocks of the types ``gguf`` quantizes itself (float types, ``Q8_0``, ``Q4_0``, ``Q4_1``, ``Q5_0``,
 ``Q5_1``) come from its quantizer; K-quant blocks are random bytes with finite f16 factors (every such
-block is well formed). Products are checked against the dequantized weights times the activations
-quantized as the kernels quantize them (int8 per block of 32, or of 256 for the K-quants), in f64:
-that isolates the kernels, whose integer sums are exact, from the activation rounding they share
-with llama.cpp. CI runs this module at every ``TORCHBURN_ISA`` level the machine has.
+block is well formed). Products of a few tokens (decode) are checked against the dequantized weights
+times the activations quantized as the kernels quantize them (int8 per block of 32, or of 256 for the
+K-quants, int16 per block of 32 for ``Q8_0``), in f64: that isolates the kernels, whose integer sums
+are exact, from the activation rounding. From 8 tokens on (a prompt) products take the activations
+as they are, against rows dequantized once. CI runs this module at every ``TORCHBURN_ISA`` level the
+machine has.
 """
 
 from __future__ import annotations
@@ -51,17 +53,21 @@ def _matrix(kind: str, n: int, k: int, seed: int = 0) -> tuple[ggml.GgmlMatrix, 
     return ggml.lend(kind, torch.from_numpy(raw).reshape(-1), n, k), dense
 
 
+PREFILL_TOKENS = 8  # from this many tokens on, products take f32 activations
+
+
 def _as_kernels_see(kind: str, x: np.ndarray) -> np.ndarray:
-    """``x`` [T, k] as the products read it: int8 per block (f32 arithmetic, halves away from zero)."""
-    if kind in ("F32", "F16", "BF16"):
+    """``x`` [T, k] as the products read it: integers per block (f32 arithmetic, halves away from zero)."""
+    if kind in ("F32", "F16", "BF16") or x.shape[0] >= PREFILL_TOKENS:
         return x.astype(np.float64)
     block = 256 if kind in K_QUANTS else 32
+    top = np.float32(32767 if kind == "Q8_0" else 127)
     xb = x.astype(np.float32).reshape(x.shape[0], -1, block)
-    scale = (np.abs(xb).max(axis=-1, keepdims=True) / np.float32(127)).astype(np.float32)
+    scale = (np.abs(xb).max(axis=-1, keepdims=True) / top).astype(np.float32)
     with np.errstate(divide="ignore"):
         inv = np.where(scale > 0, np.float32(1) / scale, np.float32(0)).astype(np.float32)
     v = (xb * inv).astype(np.float32)
-    q = np.clip(np.sign(v) * np.floor(np.abs(v) + np.float32(0.5)), -127, 127)
+    q = np.clip(np.sign(v) * np.floor(np.abs(v) + np.float32(0.5)), -top, top)
     return (q.astype(np.float64) * scale.astype(np.float64)).reshape(x.shape)
 
 

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 use torchburn_native::kernels::quant::QMatrix;
-use torchburn_native::transformer::{CacheIo, Decoder, Dims, Layer, Projection, Weight};
+use torchburn_native::transformer::{CacheIo, Decoder, Dims, Embedding, Layer, Projection, Weight};
 
 fn main() {
     let positions: usize = std::env::args().nth(1).map_or(64, |s| s.parse().unwrap());
@@ -57,7 +57,7 @@ fn main() {
             eps: 1e-5,
             window: None,
         },
-        embed: embed.as_ptr() as usize,
+        embed: Embedding::F32(embed.as_ptr() as usize),
         norm: ones.as_ptr() as usize,
         head,
         layers,

@@ -39,7 +39,15 @@ ModelOpt = Annotated[
     ),
 ]
 QuantOpt = Annotated[
-    str, typer.Option("--quant", "-q", help="Weight format: fp32, bf16, int8 (per channel) or int4 (blocks of 32)")
+    str | None,
+    typer.Option(
+        "--quant",
+        "-q",
+        help=(
+            "Weight format: stored (a .gguf file's own types, read in place, as llama.cpp runs them), fp32, "
+            "bf16, int8 (per channel) or int4 (blocks of 32) [default: stored for a .gguf file, else fp32]"
+        ),
+    ),
 ]
 DeviceOpt = Annotated[str, typer.Option("--device", "-d", help="Where to run: cpu (or auto)")]
 MaxOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", min=0, help="Tokens to generate at most")]
@@ -79,7 +87,7 @@ def _utf8(value: str, what: str) -> str:
     return value
 
 
-def _load(model: str | None, quant: str, device: str) -> Any:
+def _load(model: str | None, quant: str | None, device: str) -> Any:
     import torchburn
 
     with Progress(
@@ -102,7 +110,7 @@ def _load(model: str | None, quant: str, device: str) -> Any:
 def generate(
     prompt: Annotated[str, typer.Argument(help="The prompt (sent through the model's chat template unless --raw)")],
     model: ModelOpt = None,
-    quant: QuantOpt = "fp32",
+    quant: QuantOpt = None,
     device: DeviceOpt = "cpu",
     stream: Annotated[bool, typer.Option("--stream/--no-stream", help="Print text as it is generated")] = True,
     raw: Annotated[bool, typer.Option("--raw", help="Continue the prompt as is, without the chat template")] = False,
@@ -145,7 +153,7 @@ def generate(
 
 def chat(
     model: ModelOpt = None,
-    quant: QuantOpt = "fp32",
+    quant: QuantOpt = None,
     device: DeviceOpt = "cpu",
     system: Annotated[str | None, typer.Option(help="System prompt")] = None,
     max_new_tokens: MaxOpt = 512,
@@ -164,7 +172,7 @@ def chat(
 
 def benchmark(
     model: ModelOpt = None,
-    quant: QuantOpt = "fp32",
+    quant: QuantOpt = None,
     device: DeviceOpt = "cpu",
     tokens: Annotated[int, typer.Option("--tokens", "-t", min=1, help="Tokens to decode")] = 64,
     prompt_tokens: Annotated[int, typer.Option(min=8, help="Prompt length for prefill")] = 128,
@@ -187,7 +195,7 @@ def benchmark(
     ours: list[bench.Speed] = []
     theirs: list[bench.Speed] = []
     for _ in range(repeats):  # interleaved, so that both see the same moments of a shared machine
-        ours.append(bench.measure_ours(llm, f"torchburn {quant}", ids, tokens))
+        ours.append(bench.measure_ours(llm, f"torchburn {llm.model.quant}", ids, tokens))
         if ref is not None:
             theirs.append(bench.measure_transformers(ref, "transformers fp32 eager", ids, tokens))
     rows = [bench.median(ours)] + ([bench.median(theirs)] if theirs else [])

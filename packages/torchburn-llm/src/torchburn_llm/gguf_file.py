@@ -22,6 +22,7 @@ from .errors import ModelLoadError
 from .gguf_header import GGUFHeader, TensorInfo
 
 if TYPE_CHECKING:
+    from torchburn_native.ggml import GgmlMatrix
     from torchburn_native.transformer import QMatrix
 
 # GGUF architecture -> config.json model_type
@@ -194,6 +195,47 @@ class GGUFCheckpoint:
         k, n = t.dims
         return from_q4_1(blocks, n, k)
 
+    def type_name(self, name: str) -> str:
+        """The GGUF type of tensor ``name`` (its number when the type is unknown)."""
+        from gguf import GGMLQuantizationType
+
+        t = self._tensors[name].type
+        try:
+            return GGMLQuantizationType(t).name
+        except ValueError:
+            return str(t)
+
+    def computable_as_stored(self, name: str) -> bool:
+        """Whether matrix ``name`` is of a type the kernels compute in as stored."""
+        from torchburn_native.ggml import TYPES
+
+        return self.type_name(name) in TYPES
+
+    def stored(self, name: str) -> GgmlMatrix:
+        """The matrix ``name`` in its stored type, read in place from the mapped file (Llama q/k rows
+        read in Hugging Face order): no copy, no dequantization."""
+        import warnings
+
+        from torchburn_native.ggml import TYPES, lend
+
+        t = self._tensors[name]
+        kind, raw = self._raw(name)
+        if len(t.dims) != 2 or kind.name not in TYPES:
+            raise ModelLoadError(
+                f"{self.path}: tensor {t.name} is {kind.name} of {len(t.dims)} dimensions; computed in as "
+                f"stored are matrices of {', '.join(TYPES)} (pass another quant to convert)"
+            )
+        k, n = (int(d) for d in t.dims)
+        order = None
+        if self._permuted(name):
+            heads = self.config.num_heads if "q_proj" in name else self.config.num_kv_heads
+            order = _hf_row_order(n, heads)
+        with warnings.catch_warnings():
+            # the map is read-only and so is every use of the tensor: the kernels only read it
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            data = torch.from_numpy(raw).reshape(-1)
+        return lend(kind.name, data, n, k, order)
+
     def _raw(self, name: str) -> tuple[Any, np.ndarray]:
         """The tensor's GGUF type and its bytes, [rows, bytes per row] (a row: the fastest dimension)."""
         from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -207,15 +249,24 @@ class GGUFCheckpoint:
         # the header checked that rows are whole blocks and that the bytes lie inside the file
         return kind, self.header.tensor_bytes(t, t.dims[0] // block * block_bytes, math.prod(t.dims[1:]))
 
+    def _permuted(self, name: str) -> bool:
+        """Whether llama.cpp stores ``name``'s rows reordered (Llama's q and k, per head)."""
+        return self.arch == "llama" and name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight"))
+
     def _hf_rows(self, name: str, w: torch.Tensor) -> torch.Tensor:
         """``w``'s rows in Hugging Face order: llama.cpp reorders those of Llama q and k per head."""
-        if self.arch == "llama" and name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
+        if self._permuted(name):
             return _unpermute_rows(w, self.config.num_heads if "q_proj" in name else self.config.num_kv_heads)
         return w
 
     def chat_template(self) -> str | None:
         template = self.field("tokenizer.chat_template")
         return None if template is None else text(template, "tokenizer.chat_template", str(self.path))
+
+
+def _hf_row_order(rows: int, heads: int) -> list[int]:
+    """For each Hugging Face row, the stored row it is (see :func:`_unpermute_rows`)."""
+    return _unpermute_rows(torch.arange(rows), heads).tolist()
 
 
 def _unpermute_rows(w: torch.Tensor, heads: int) -> torch.Tensor:

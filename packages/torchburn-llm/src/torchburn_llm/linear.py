@@ -1,6 +1,7 @@
-"""The model's matrix products: fp32 through torch, or bf16 / int8 / int4 weights through the native
+"""The model's matrix products: fp32 through torch, bf16 / int8 / int4 weights through the native
 engine's kernels (bf16 against f32 activations; int8 / int4 with activations quantized per block of
-32 and integer dot products)."""
+32 and integer dot products), or a GGUF file's weights in their stored types (``stored``), read in
+place from the mapped file."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
+    from torchburn_native.ggml import GgmlMatrix
     from torchburn_native.transformer import Projection, QMatrix, QuantKind
 
 QUANTS = ("fp32", "bf16", "int8", "int4")
+# a GGUF file's own tensor types, computed in as stored
+STORED = "stored"
 # formats a Linear accepts: the user-facing ones, plus int8 in blocks of 32 (the output projection's)
 FORMATS = (*QUANTS, "int8-blocks")
 
@@ -28,6 +32,7 @@ class Linear:
         self.quant = quant
         self.weight: torch.Tensor | None = None
         self.packed: QMatrix | None = None
+        self.stored: GgmlMatrix | None = None
         if quant == "fp32":
             self.weight = weight
         else:
@@ -40,11 +45,21 @@ class Linear:
         """A projection over weights already quantized natively (a ``torchburn_native.transformer.QMatrix``)."""
         lin = cls.__new__(cls)
         lin.out_features, lin.in_features = packed.shape
-        lin.bias, lin.quant, lin.weight, lin.packed = bias, packed.kind, None, packed
+        lin.bias, lin.quant, lin.weight, lin.packed, lin.stored = bias, packed.kind, None, packed, None
+        return lin
+
+    @classmethod
+    def from_stored(cls, matrix: GgmlMatrix, bias: torch.Tensor | None) -> Linear:
+        """A projection over a GGUF tensor in its stored type (a ``torchburn_native.ggml.GgmlMatrix``)."""
+        lin = cls.__new__(cls)
+        lin.out_features, lin.in_features = matrix.shape
+        lin.bias, lin.quant, lin.weight, lin.packed, lin.stored = bias, matrix.kind, None, None, matrix
         return lin
 
     @property
     def nbytes(self) -> int:
+        if self.stored is not None:
+            return int(self.stored.nbytes)
         if self.packed is not None:
             return int(self.packed.nbytes)
         assert self.weight is not None
@@ -54,11 +69,15 @@ class Linear:
         """This projection as the native decoder takes it."""
         from torchburn_native.transformer import Projection
 
-        weight = self.packed if self.packed is not None else self.weight
-        assert weight is not None
+        weight = next(w for w in (self.stored, self.packed, self.weight) if w is not None)
         return Projection(weight, self.bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stored is not None:
+            from torchburn_native.ggml import matmul
+
+            out = matmul(self.stored, x)
+            return out if self.bias is None else out + self.bias
         if self.packed is None:
             assert self.weight is not None
             return F.linear(x, self.weight, self.bias)

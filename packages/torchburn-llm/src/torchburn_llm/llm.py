@@ -17,7 +17,7 @@ from .config import ModelConfig
 from .default_model import default_model_path
 from .errors import ContextLengthError, ModelLoadError
 from .hub import looks_like_repo_id
-from .linear import QUANTS
+from .linear import QUANTS, STORED
 from .loader import Progress, load_folder, load_gguf
 from .model import KVCache, Transformer
 from .sampling import Sampler, SamplingParams
@@ -76,7 +76,7 @@ class LLM:
     def from_pretrained(
         cls,
         path: str | Path | None = None,
-        quant: str = "fp32",
+        quant: str | None = None,
         device: str = "cpu",
         progress: Progress | None = None,
         *,
@@ -86,9 +86,13 @@ class LLM:
         """Load a local Hugging Face checkpoint folder, a ``.gguf`` file, or a Hub id such as
         ``"HuggingFaceTB/SmolLM2-135M-Instruct"`` (from the Hugging Face cache, or downloaded; ``revision``
         and ``token`` as huggingface_hub takes them); with no path, the embedded SmolLM2-135M-Instruct.
-        ``progress(done, total)`` is called as tensors load."""
-        if quant not in QUANTS:
-            raise ValueError(f"quant={quant!r} is not available; choose one of {', '.join(QUANTS)}")
+        ``progress(done, total)`` is called as tensors load.
+
+        ``quant``: the weight format. By default a GGUF file runs in its stored types (``"stored"``: read
+        in place from the mapped file, as llama.cpp does) and a checkpoint folder in fp32; ``"fp32"``,
+        ``"bf16"``, ``"int8"`` or ``"int4"`` convert either."""
+        if quant is not None and quant not in (*QUANTS, STORED):
+            raise ValueError(f"quant={quant!r} is not available; choose one of {', '.join((*QUANTS, STORED))}")
         if device not in ("cpu", "auto"):
             raise ValueError(f"device={device!r} is not available; the LLM runtime runs on 'cpu' (or 'auto')")
         if path is None:
@@ -97,9 +101,14 @@ class LLM:
             path = hub.resolve(str(path), revision=revision, token=token)
         path = Path(path)
         if path.suffix == ".gguf":
-            arch, cfg, model, (tokenizer, template) = load_gguf(path, progress, quant)
+            arch, cfg, model, (tokenizer, template) = load_gguf(path, progress, quant or STORED)
             return cls(arch, cfg, model, tokenizer, template)
-        arch, cfg, model = load_folder(path, progress, quant)
+        if quant == STORED:
+            raise ValueError(
+                f"quant='stored' keeps a GGUF file's own types; {path} is a checkpoint folder: choose one of "
+                f"{', '.join(QUANTS)}"
+            )
+        arch, cfg, model = load_folder(path, progress, quant or "fp32")
         defaults, eos = _generation_config(path, cfg)
         tokenizer = tokenizer_from_folder(path)
         check_vocabulary(tokenizer, cfg.vocab_size, str(path))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from .architectures import Architecture, architecture_for
 from .config import ModelConfig
 from .errors import ModelLoadError
 from .gguf_file import GGUFCheckpoint
+from .linear import STORED
 from .model import Transformer
 from .weights import SafetensorsCheckpoint
 
@@ -21,7 +23,7 @@ Progress = Callable[[int, int], None]
 def load_folder(
     folder: str | Path, progress: Progress | None = None, quant: str = "fp32"
 ) -> tuple[Architecture, ModelConfig, Transformer]:
-    """Load a Hugging Face checkpoint folder (``config.json`` + ``*.safetensors``) as fp32."""
+    """Load a Hugging Face checkpoint folder (``config.json`` + ``*.safetensors``) in ``quant``."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ModelLoadError(f"{folder} is not a folder")
@@ -37,11 +39,16 @@ def load_folder(
 
 
 def load_gguf(
-    path: str | Path, progress: Progress | None = None, quant: str = "fp32"
+    path: str | Path, progress: Progress | None = None, quant: str = STORED
 ) -> tuple[Architecture, ModelConfig, Transformer, Any]:
-    """Load a ``.gguf`` file, dequantized to fp32 (under int4, Q4_1 projections stay as stored), with the
-    tokenizer and chat template it carries
-    (as a pair: the file's metadata is parsed once, which is most of a small model's load time)."""
+    """Load a ``.gguf`` file with the tokenizer and chat template it carries (as a pair: the file's
+    metadata is parsed once, which is most of a small model's load time).
+
+    ``stored`` (the default) keeps every matrix in the file's own type, read in place from the mapped
+    file: only the norms are read into memory. Another ``quant`` dequantizes to fp32 and converts (under
+    int4, Q4_1 projections stay as stored)."""
+    from torchburn_native.ggml import TYPES as STORED_TYPES
+
     from . import tokenizer
 
     path = Path(path)
@@ -54,13 +61,29 @@ def load_gguf(
     template = checkpoint.chat_template()
     arch = architecture_for(cfg.model_type)
     arch.check(cfg, checkpoint.shapes, str(path))
-    packed = {}
-    if quant == "int4":  # Q4_1 projections are our int4 grid already: kept as they are, no f32 round trip
+    packed: dict[str, Any] = {}
+    if quant == STORED:
+        matrices = [name for name, shape in checkpoint.shapes.items() if len(shape) == 2]
+        others = [name for name in matrices if not checkpoint.computable_as_stored(name)]
+        if others:
+            kinds = sorted({checkpoint.type_name(name) for name in others})
+            warnings.warn(
+                f"{path}: {len(others)} matrices are of GGUF type(s) {', '.join(kinds)}, which run dequantized to "
+                f"fp32 (in their stored type run: {', '.join(STORED_TYPES)})",
+                stacklevel=3,
+            )
+            matrices = [name for name in matrices if name not in others]
+        for i, name in enumerate(matrices):
+            packed[name] = checkpoint.stored(name)
+            if progress is not None:
+                progress(i + 1, len(matrices))
+    elif quant == "int4":  # Q4_1 projections are our int4 grid already: kept as they are, no f32 round trip
         for name in checkpoint.shapes:
             if name.startswith("model.layers.") and name.endswith("_proj.weight"):
                 weights = checkpoint.q4_1_weights(name)
                 if weights is not None:
                     packed[name] = weights
-    tensors = checkpoint.load([n for n in checkpoint.shapes if n not in packed], progress=progress)
+    rest = [n for n in checkpoint.shapes if n not in packed]
+    tensors = checkpoint.load(rest, progress=None if quant == STORED else progress)
     model = Transformer(arch, cfg, tensors, quant, packed)
     return arch, cfg, model, (tok, template)

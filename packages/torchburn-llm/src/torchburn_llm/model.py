@@ -11,7 +11,7 @@ prefill, where PyTorch's BLAS is as fast as any.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -19,10 +19,11 @@ import torch.nn.functional as F
 from .architectures import Architecture
 from .config import ModelConfig
 from .errors import ContextLengthError
-from .linear import Linear, project_many
+from .linear import STORED, Linear, project_many
 from .rope import RotaryTable, inverse_frequencies, rotate
 
 if TYPE_CHECKING:
+    from torchburn_native.ggml import GgmlMatrix
     from torchburn_native.transformer import Decoder, QMatrix
 
 
@@ -79,19 +80,30 @@ class Transformer:
         cfg: ModelConfig,
         tensors: dict[str, torch.Tensor],
         quant: str = "fp32",
-        packed: dict[str, QMatrix] | None = None,
+        packed: dict[str, QMatrix | GgmlMatrix] | None = None,
     ) -> None:
-        """``packed``: projection weights already in the native format of ``quant`` (a GGUF file's
-        Q4_1 blocks under int4), by name, in place of their entries in ``tensors``."""
+        """``packed``: matrices already in a native format, by name, in place of their entries in
+        ``tensors``: a GGUF file's Q4_1 blocks under int4, or every matrix of a GGUF file in its stored
+        type (``GgmlMatrix``, the embedding included) under ``stored``."""
         packed = packed or {}
         self.arch, self.cfg, self.quant = arch, cfg, quant
-        self.embed = tensors["model.embed_tokens.weight"]  # [V, H]
+        embed = packed.get("model.embed_tokens.weight")
+        # [V, H]: f32, or a GGUF matrix whose rows are dequantized as tokens look them up
+        self.embed: torch.Tensor | GgmlMatrix = (
+            tensors["model.embed_tokens.weight"] if embed is None else cast("GgmlMatrix", embed)
+        )
         self.norm = tensors["model.norm.weight"]
-        # the output projection (often the tied embedding) is int8 in blocks of 32 under int8 and int4:
-        # its rows span a wide range, it decides every token, and GGUF files store it that way
-        head_quant = quant if quant in ("fp32", "bf16") else "int8-blocks"
-        head = self.embed if cfg.tie_embeddings else tensors["lm_head.weight"]
-        self.lm_head = Linear(head, None, head_quant)
+        # weights a GGUF file holds in a type not computed in as stored are dequantized: fp32
+        plain = "fp32" if quant == STORED else quant
+        head_name = "model.embed_tokens.weight" if cfg.tie_embeddings else "lm_head.weight"
+        if head_name not in packed:
+            # the output projection (often the tied embedding) is int8 in blocks of 32 under int8 and
+            # int4: its rows span a wide range, it decides every token, and GGUF files store it that way
+            head_quant = plain if plain in ("fp32", "bf16") else "int8-blocks"
+            head = tensors[head_name]
+            self.lm_head = Linear(head, None, head_quant)
+        else:
+            self.lm_head = Linear.from_stored(cast("GgmlMatrix", packed[head_name]), None)
         self.inv_freq = inverse_frequencies(cfg)
         self.rotary = RotaryTable(self.inv_freq)
         self.native_decode = True
@@ -103,9 +115,12 @@ class Transformer:
 
         def linear(name: str) -> Linear:
             bias = tensors.get(name + ".bias")
-            if name + ".weight" in packed:
-                return Linear.from_packed(packed[name + ".weight"], bias)
-            return Linear(tensors[name + ".weight"], bias, quant)
+            weight = packed.get(name + ".weight")
+            if weight is None:
+                return Linear(tensors[name + ".weight"], bias, plain)
+            if quant == STORED:
+                return Linear.from_stored(cast("GgmlMatrix", weight), bias)
+            return Linear.from_packed(cast("QMatrix", weight), bias)
 
         self.layers = []
         for i in range(cfg.num_layers):
@@ -159,7 +174,7 @@ class Transformer:
         positions = torch.arange(start, start + t)
         cos, sin = self.rotary.rows(start, t)  # [T, D]
         mask = self._mask(positions, start + t)  # [T, S]
-        x = self.embed[ids]  # [T, H]
+        x = self._embed_rows(ids)  # [T, H]
         for li, layer in enumerate(self.layers):
             x = x + self._attention(li, layer, rms_norm(x, layer.ln_attn, self.cfg.rms_eps), cos, sin, mask, cache)
             x = x + self._mlp(layer, rms_norm(x, layer.ln_mlp, self.cfg.rms_eps))
@@ -221,6 +236,14 @@ class Transformer:
             ]
             self._decoder = Decoder(dims, self.embed, self.norm, self.lm_head.projection(), layers)
         return self._decoder
+
+    def _embed_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The embeddings [T, H] of the tokens ``ids`` [T]."""
+        if isinstance(self.embed, torch.Tensor):
+            return self.embed[ids]
+        from torchburn_native.ggml import dequantize
+
+        return torch.cat([dequantize(self.embed, slice(i, i + 1)) for i in ids.tolist()])
 
     def _mask(self, positions: torch.Tensor, length: int) -> torch.Tensor:
         """Additive mask [T, S]: a query sees keys at or before its position (within the window)."""

@@ -60,8 +60,11 @@ class GgmlMatrix:
     "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"), read in place from bytes an owner lends."""
 
     @staticmethod
-    def lend(kind: str, ptr: int, nbytes: int, n: int, k: int, owner: object) -> GgmlMatrix:
-        """``nbytes`` bytes at ``ptr`` that ``owner`` keeps readable and unchanged (the matrix holds it)."""
+    def lend(
+        kind: str, ptr: int, nbytes: int, n: int, k: int, owner: object, order: list[int] | None = None
+    ) -> GgmlMatrix:
+        """``nbytes`` bytes at ``ptr`` that ``owner`` keeps readable and unchanged (the matrix holds it);
+        with ``order``, row r is read from stored row ``order[r]``."""
     @staticmethod
     def block_size(kind: str) -> tuple[int, int]:
         """(elements, bytes) of one block of ``kind``."""
@@ -74,8 +77,8 @@ class GgmlMatrix:
     def dequantize_into(self, start: int, count: int, out: int) -> None: ...
     def matmul_into(self, x: int, tokens: int, out: int) -> None: ...
 
-# a projection: (QMatrix or (address, n, k) of a row-major f32 matrix, bias address or 0)
-Projection = tuple[QMatrix | tuple[int, int, int], int]
+# a projection: (QMatrix, GgmlMatrix or (address, n, k) of a row-major f32 matrix, bias address or 0)
+Projection = tuple[QMatrix | GgmlMatrix | tuple[int, int, int], int]
 
 class Decoder:
     """A decoder-only transformer stack's forward pass in one call: a decode step (one token) or a
@@ -87,7 +90,7 @@ class Decoder:
     def __init__(
         self,
         dims: tuple[int, int, int, int, int, float, int | None],
-        embed: int,
+        embed: int | GgmlMatrix,
         norm: int,
         head: Projection,
         layers: list[

@@ -9,6 +9,7 @@ types) and dequantize the weights in registers.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal, get_args
 
 import torch
@@ -29,9 +30,10 @@ def row_bytes(kind: str, k: int) -> int:
     return k // elements * nbytes
 
 
-def lend(kind: str, data: torch.Tensor, n: int, k: int) -> GgmlMatrix:
+def lend(kind: str, data: torch.Tensor, n: int, k: int, order: Sequence[int] | None = None) -> GgmlMatrix:
     """The matrix [n, k] of type ``kind`` whose rows are the bytes of ``data`` (a contiguous uint8 CPU
-    tensor, held by the matrix and read in place: it must not change while the matrix lives)."""
+    tensor, held by the matrix and read in place: it must not change while the matrix lives); with
+    ``order`` (a permutation of ``range(n)``), row r is stored row ``order[r]``."""
     from .transformer import ensure_threads
 
     if data.dtype != torch.uint8 or data.device.type != "cpu" or not data.is_contiguous():
@@ -40,7 +42,8 @@ def lend(kind: str, data: torch.Tensor, n: int, k: int) -> GgmlMatrix:
             + ("" if data.is_contiguous() else ", not contiguous")
         )
     ensure_threads()
-    return GgmlMatrix.lend(kind, data.data_ptr(), data.numel(), n, k, data)
+    rows = None if order is None else [int(r) for r in order]
+    return GgmlMatrix.lend(kind, data.data_ptr(), data.numel(), n, k, data, rows)
 
 
 def dequantize(m: GgmlMatrix, rows: slice | None = None) -> torch.Tensor:

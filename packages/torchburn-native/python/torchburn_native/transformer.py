@@ -27,7 +27,7 @@ from typing import Literal
 import torch
 
 from ._native import Decoder as _NativeDecoder
-from ._native import QMatrix
+from ._native import GgmlMatrix, QMatrix
 from ._native import matmul_many as _matmul_many
 
 QuantKind = Literal["int8", "int8-blocks", "int4", "bf16"]
@@ -113,9 +113,10 @@ class Dims:
 
 @dataclass(frozen=True)
 class Projection:
-    """``y = x @ weight.T + bias``: ``weight`` [n, k] quantized or an f32 tensor, ``bias`` [n]."""
+    """``y = x @ weight.T + bias``: ``weight`` [n, k] quantized, in a GGUF type as stored, or an f32
+    tensor; ``bias`` [n]."""
 
-    weight: QMatrix | torch.Tensor
+    weight: QMatrix | GgmlMatrix | torch.Tensor
     bias: torch.Tensor | None = None
 
 
@@ -145,9 +146,15 @@ class Decoder:
     positions' rotary rows, f32 [T, head_dim]."""
 
     def __init__(
-        self, dims: Dims, embed: torch.Tensor, norm: torch.Tensor, head: Projection, layers: Sequence[Layer]
+        self,
+        dims: Dims,
+        embed: torch.Tensor | GgmlMatrix,
+        norm: torch.Tensor,
+        head: Projection,
+        layers: Sequence[Layer],
     ) -> None:
-        """``embed`` [vocab, hidden] and ``norm`` [hidden]; ``head`` projects to the vocabulary."""
+        """``embed`` [vocab, hidden] (f32, or a GGUF matrix whose rows are dequantized per token) and
+        ``norm`` [hidden]; ``head`` projects to the vocabulary."""
         ensure_threads()
         self.dims = dims
         self._tensors: list[torch.Tensor] = []  # what the native decoder holds the addresses of
@@ -170,7 +177,7 @@ class Decoder:
         ]
         self._native = _NativeDecoder(
             (d.hidden, d.heads, d.kv_heads, d.head_dim, d.vocab, float(d.eps), d.window),
-            self._address(embed, d.vocab * d.hidden, "the embedding"),
+            embed if isinstance(embed, GgmlMatrix) else self._address(embed, d.vocab * d.hidden, "the embedding"),
             self._address(norm, d.hidden, "the final norm"),
             self._projection(head),
             native_layers,
@@ -225,11 +232,11 @@ class Decoder:
         self._tensors.append(t)
         return int(t.data_ptr())
 
-    def _projection(self, p: Projection) -> tuple[QMatrix | tuple[int, int, int], int]:
+    def _projection(self, p: Projection) -> tuple[QMatrix | GgmlMatrix | tuple[int, int, int], int]:
         w = p.weight
-        if isinstance(w, QMatrix):
+        if isinstance(w, QMatrix | GgmlMatrix):
             n, k = w.shape
-            weight: QMatrix | tuple[int, int, int] = w
+            weight: QMatrix | GgmlMatrix | tuple[int, int, int] = w
         else:
             if w.dim() != 2:
                 raise ValueError(f"a projection's weight is a matrix [n, k], got shape {tuple(w.shape)}")

@@ -18,8 +18,35 @@ use torchburn_native_macros::isa_versions;
 
 use half::f16;
 
+use super::ggml::GgmlMatrix;
 use super::quant::{QMatrix, QWeights, BLOCK};
 use crate::threads;
+
+/// A weight matrix this path can multiply: its shape, and rows dequantized to f32 on request.
+pub trait RowSource: Sync {
+    /// `(n, k)`
+    fn shape(&self) -> (usize, usize);
+    /// Rows `rows` as f32 into `out` (`rows.len() · k` values).
+    fn rows_f32(&self, rows: Range<usize>, out: &mut [f32]);
+}
+
+impl RowSource for QMatrix {
+    fn shape(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+    fn rows_f32(&self, rows: Range<usize>, out: &mut [f32]) {
+        dequantize_rows(self, rows, out)
+    }
+}
+
+impl RowSource for GgmlMatrix {
+    fn shape(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+    fn rows_f32(&self, rows: Range<usize>, out: &mut [f32]) {
+        self.dequantize_rows(rows, out)
+    }
+}
 
 /// From this many tokens on, [`QMatrix::matmul`] takes this path: below it the dequantizing costs more
 /// than the faster products save.
@@ -45,24 +72,38 @@ pub fn matmul_many(ms: &[&QMatrix], x: &[f32], tokens: usize, outs: &mut [&mut [
         }
         return;
     }
+    let sources: Vec<&dyn RowSource> = ms.iter().map(|&m| m as &dyn RowSource).collect();
+    matmul_many_on(&sources, x, tokens, outs, true)
+}
+
+/// [`matmul_many`] over any matrices this path takes, from [`MIN_TOKENS`] tokens on (the caller
+/// takes the decode kernels below that).
+pub fn matmul_sources(ms: &[&dyn RowSource], x: &[f32], tokens: usize, outs: &mut [&mut [f32]]) {
+    assert_eq!(ms.len(), outs.len(), "one output per matrix");
     matmul_many_on(ms, x, tokens, outs, true)
 }
 
 /// `out[t·n + r] = Σ_k x[t·k + kk] · W[r, kk]` for `t` in `0..tokens`, over the thread pool, on the
 /// SIMD micro-kernel where the CPU has it (`simd`) or the portable code.
-pub(crate) fn matmul_on(m: &QMatrix, x: &[f32], tokens: usize, out: &mut [f32], simd: bool) {
+pub(crate) fn matmul_on(m: &dyn RowSource, x: &[f32], tokens: usize, out: &mut [f32], simd: bool) {
     matmul_many_on(&[m], x, tokens, &mut [out], simd)
 }
 
-fn matmul_many_on(ms: &[&QMatrix], x: &[f32], tokens: usize, outs: &mut [&mut [f32]], simd: bool) {
-    let k = ms.first().map_or(0, |m| m.k);
+fn matmul_many_on(
+    ms: &[&dyn RowSource],
+    x: &[f32],
+    tokens: usize,
+    outs: &mut [&mut [f32]],
+    simd: bool,
+) {
+    let k = ms.first().map_or(0, |m| m.shape().1);
     assert!(
-        ms.iter().all(|m| m.k == k),
+        ms.iter().all(|m| m.shape().1 == k),
         "the matrices must share their width"
     );
     assert_eq!(x.len(), tokens * k, "input length");
     for (m, out) in ms.iter().zip(outs.iter()) {
-        assert_eq!(out.len(), tokens * m.n, "output length");
+        assert_eq!(out.len(), tokens * m.shape().0, "output length");
     }
     // xt[kk·stride + t] = x[t·k + kk], tokens padded with zeros to whole vectors
     let stride = tokens.next_multiple_of(LANES);
@@ -89,7 +130,7 @@ fn matmul_many_on(ms: &[&QMatrix], x: &[f32], tokens: usize, outs: &mut [&mut [f
     // the row groups of every matrix, numbered one after another: matrix i has firsts[i]..firsts[i + 1]
     let mut firsts = vec![0];
     for m in ms {
-        firsts.push(firsts[firsts.len() - 1] + m.n.div_ceil(GROUP));
+        firsts.push(firsts[firsts.len() - 1] + m.shape().0.div_ceil(GROUP));
     }
     let groups = firsts[ms.len()];
     let out_ptrs: Vec<threads::SendPtr<f32>> = outs
@@ -101,13 +142,14 @@ fn matmul_many_on(ms: &[&QMatrix], x: &[f32], tokens: usize, outs: &mut [&mut [f
         for g in lo..hi {
             let i = firsts.partition_point(|&f| f <= g) - 1;
             let (m, out) = (ms[i], out_ptrs[i]);
+            let n = m.shape().0;
             let r0 = (g - firsts[i]) * GROUP;
-            let rows = GROUP.min(m.n - r0);
+            let rows = GROUP.min(n - r0);
             let w = &mut rows_f32[..rows * k];
-            dequantize_rows(m, r0..r0 + rows, w);
+            m.rows_f32(r0..r0 + rows, w);
             // SAFETY: this task alone writes columns r0..r0 + rows of every token's output row of
             // matrix i
-            unsafe { group_product(w, rows, k, xt, stride, tokens, out.get().add(r0), m.n, simd) };
+            unsafe { group_product(w, rows, k, xt, stride, tokens, out.get().add(r0), n, simd) };
         }
     });
 }

@@ -28,8 +28,10 @@ fn type_named(kind: &str) -> PyResult<GgmlType> {
 #[pymethods]
 impl GgmlMatrix {
     /// The `nbytes` bytes at `ptr`, `n` rows of `k` elements of `kind`, which `owner` keeps readable
-    /// and unchanged for as long as it lives (the matrix holds it).
+    /// and unchanged for as long as it lives (the matrix holds it); with `order`, row `r` is read
+    /// from stored row `order[r]`.
     #[staticmethod]
+    #[pyo3(signature = (kind, ptr, nbytes, n, k, owner, order=None))]
     fn lend(
         kind: &str,
         ptr: usize,
@@ -37,6 +39,7 @@ impl GgmlMatrix {
         n: usize,
         k: usize,
         owner: Py<PyAny>,
+        order: Option<Vec<u32>>,
     ) -> PyResult<Self> {
         let kind = type_named(kind)?;
         if ptr == 0 {
@@ -44,7 +47,10 @@ impl GgmlMatrix {
         }
         // SAFETY: the caller lends `nbytes` bytes at `ptr` that `owner` keeps alive and unwritten
         let bytes = unsafe { WeightBytes::lent(ptr as *const u8, nbytes, Box::new(owner)) };
-        let inner = M::new(kind, n, k, bytes).map_err(PyValueError::new_err)?;
+        let mut inner = M::new(kind, n, k, bytes).map_err(PyValueError::new_err)?;
+        if let Some(order) = order {
+            inner = inner.with_row_order(order).map_err(PyValueError::new_err)?;
+        }
         Ok(GgmlMatrix {
             inner: Arc::new(inner),
         })

@@ -7,6 +7,7 @@ use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
+use super::ggml::GgmlMatrix;
 use crate::kernels::quant::{QMatrix as Q, QWeights, BLOCK};
 use crate::transformer;
 
@@ -144,6 +145,8 @@ fn projection(obj: &Bound<'_, PyAny>) -> PyResult<transformer::Projection> {
     let (w, bias): (Bound<'_, PyAny>, usize) = obj.extract()?;
     let w = if let Ok(q) = w.extract::<Py<QMatrix>>() {
         Weight::Quant(q.get().inner.clone())
+    } else if let Ok(m) = w.extract::<Py<GgmlMatrix>>() {
+        Weight::Ggml(m.get().inner.clone())
     } else {
         let (ptr, n, k): (usize, usize, usize) = w.extract()?;
         if ptr == 0 {
@@ -178,7 +181,7 @@ impl Decoder {
     #[allow(clippy::type_complexity)]
     fn new(
         dims: (usize, usize, usize, usize, usize, f32, Option<usize>),
-        embed: usize,
+        embed: &Bound<'_, PyAny>,
         norm: usize,
         head: &Bound<'_, PyAny>,
         layers: Vec<Bound<'_, PyTuple>>,
@@ -225,7 +228,10 @@ impl Decoder {
                 eps,
                 window,
             },
-            embed: nonzero(embed, "embedding")?,
+            embed: match embed.extract::<Py<GgmlMatrix>>() {
+                Ok(m) => transformer::Embedding::Ggml(m.get().inner.clone()),
+                Err(_) => transformer::Embedding::F32(nonzero(embed.extract()?, "embedding")?),
+            },
             norm: nonzero(norm, "final norm")?,
             head: projection(head)?,
             layers: parsed,

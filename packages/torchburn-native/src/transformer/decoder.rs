@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use torchburn_native_macros::isa_versions;
 
+use crate::kernels::ggml::{acts as ggml_acts, GgmlMatrix};
 use crate::kernels::math::exp_f32;
 use crate::kernels::quant::{quantize_acts, ActFormat, QActs, QMatrix};
 use crate::threads;
@@ -22,6 +23,8 @@ use crate::threads;
 /// A projection's weight `[n, k]`.
 pub enum Weight {
     Quant(Arc<QMatrix>),
+    /// a GGUF tensor type, computed in as stored
+    Ggml(Arc<GgmlMatrix>),
     /// row-major f32 at this address
     F32 {
         ptr: usize,
@@ -41,6 +44,7 @@ impl Projection {
     pub fn n(&self) -> usize {
         match &self.w {
             Weight::Quant(q) => q.n,
+            Weight::Ggml(m) => m.n,
             Weight::F32 { n, .. } => *n,
         }
     }
@@ -48,6 +52,7 @@ impl Projection {
     pub fn k(&self) -> usize {
         match &self.w {
             Weight::Quant(q) => q.k,
+            Weight::Ggml(m) => m.k,
             Weight::F32 { k, .. } => *k,
         }
     }
@@ -82,10 +87,40 @@ pub struct Dims {
     pub window: Option<usize>,
 }
 
+/// The token embedding `[vocab, hidden]`: f32 at an address, or a GGUF matrix whose rows are
+/// dequantized as tokens look them up (a large vocabulary's table stays as stored).
+pub enum Embedding {
+    F32(usize),
+    Ggml(Arc<GgmlMatrix>),
+}
+
+impl Embedding {
+    /// Token `token`'s row into `out` (`hidden` long).
+    ///
+    /// # Safety
+    /// An f32 table's address must hold `vocab · hidden` floats, with `token < vocab`.
+    pub unsafe fn row_into(&self, token: usize, vocab: usize, out: &mut [f32]) {
+        let hidden = out.len();
+        match self {
+            Embedding::F32(ptr) => {
+                out.copy_from_slice(&slice(*ptr, vocab * hidden)[token * hidden..][..hidden])
+            }
+            Embedding::Ggml(m) => m.dequantize_rows(token..token + 1, out),
+        }
+    }
+
+    /// `(rows, columns)` of the table (None for an f32 address, whose size the caller vouches for).
+    pub fn shape(&self) -> Option<(usize, usize)> {
+        match self {
+            Embedding::F32(_) => None,
+            Embedding::Ggml(m) => Some((m.n, m.k)),
+        }
+    }
+}
+
 pub struct Decoder {
     pub dims: Dims,
-    /// `[vocab, hidden]` f32
-    pub embed: usize,
+    pub embed: Embedding,
     pub norm: usize,
     pub head: Projection,
     pub layers: Vec<Layer>,
@@ -136,6 +171,14 @@ impl Decoder {
             check(&format!("layer {i} up"), &l.up, inter, hidden)?;
             check(&format!("layer {i} down"), &l.down, hidden, inter)?;
         }
+        if let Some(shape) = self.embed.shape() {
+            if shape != (vocab, hidden) {
+                return Err(format!(
+                    "the embedding is {}x{}, expected {vocab}x{hidden}",
+                    shape.0, shape.1
+                ));
+            }
+        }
         check("the output projection", &self.head, vocab, hidden)
     }
 
@@ -158,8 +201,8 @@ impl Decoder {
         let q_len = d.heads * hd;
         let kv_len = kvh * hd;
         let inter = self.layers.first().map_or(0, |l| l.gate.n());
-        let mut x: Vec<f32> =
-            slice(self.embed, d.vocab * d.hidden)[token * d.hidden..][..d.hidden].to_vec();
+        let mut x = vec![0f32; d.hidden];
+        self.embed.row_into(token, d.vocab, &mut x);
         let mut h = vec![0f32; d.hidden];
         let mut qkv = vec![0f32; q_len + 2 * kv_len];
         let mut att = vec![0f32; q_len];
@@ -465,6 +508,12 @@ fn project(ps: &[&Projection], x: &[f32], out: &mut [f32]) {
             .any(|p| matches!(&p.w, Weight::Quant(q) if q.act_format() == f))
             .then(|| quantize_acts(x, f))
     });
+    // and in each form the GGUF-typed ones take
+    let ggml: [Option<ggml_acts::Acts>; 4] = ggml_acts::ActForm::ALL.map(|f| {
+        ps.iter()
+            .any(|p| matches!(&p.w, Weight::Ggml(m) if ggml_acts::act_form(m.kind) == f))
+            .then(|| ggml_acts::quantize(f, x))
+    });
     let out_ptr = threads::SendPtr(out.as_mut_ptr());
     threads::par_ranges(total, 16, |lo, hi| {
         // this task's rows of every projection it overlaps
@@ -485,6 +534,15 @@ fn project(ps: &[&Projection], x: &[f32], out: &mut [f32]) {
                             acts.expect("activations in the weights' format"),
                             dst,
                         );
+                    }
+                    Weight::Ggml(m) => {
+                        let form = ggml_acts::act_form(m.kind);
+                        let slot = ggml_acts::ActForm::ALL.iter().position(|&f| f == form);
+                        let acts = slot.and_then(|i| ggml[i].as_ref());
+                        let acts = acts.expect("activations in the weights' form");
+                        for (o, r) in dst.iter_mut().zip(rows.clone()) {
+                            *o = m.row_dot(r, acts);
+                        }
                     }
                     Weight::F32 { ptr, k, .. } => {
                         // SAFETY: the decoder's contract: a live n×k f32 matrix

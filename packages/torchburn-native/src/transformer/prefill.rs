@@ -18,7 +18,7 @@ use super::decoder::{
 };
 use crate::kernels::gemm::{gemm, Mat, MatMut};
 use crate::kernels::math::exp_f32;
-use crate::kernels::qprefill;
+use crate::kernels::qprefill::{self, RowSource};
 use crate::threads::{self, SendPtr};
 
 /// Queries per attention task: a head's rows are split so that both threads have work on short
@@ -53,10 +53,9 @@ impl Decoder {
         let (hd, kvh, hidden) = (d.head_dim, d.kv_heads, d.hidden);
         let (q_len, kv_len) = (d.heads * hd, kvh * hd);
         let inter = self.layers.first().map_or(0, |l| l.gate.n());
-        let embed = slice(self.embed, d.vocab * hidden);
         let mut x = vec![0f32; t * hidden]; // [T, H] the residual stream
         for (row, &tok) in x.chunks_exact_mut(hidden).zip(tokens) {
-            row.copy_from_slice(&embed[tok * hidden..][..hidden]);
+            self.embed.row_into(tok, d.vocab, row);
         }
         let mut h = vec![0f32; t * hidden];
         let (mut q, mut k, mut v) = (
@@ -208,23 +207,25 @@ impl Decoder {
 }
 
 /// `out[P₀; P₁; ...]` of the `tokens` rows of `x`, each projection into its own `[T, n]` output, with
-/// biases added: quantized weights through [`qprefill::matmul_many`] (one call for all of them when
-/// all are quantized), f32 weights through the GEMM.
+/// biases added: quantized and GGUF-typed weights through [`qprefill::matmul_sources`] (one call
+/// for all of them when none is f32), f32 weights through the GEMM.
 fn project_rows(ps: &[&Projection], x: &[f32], tokens: usize, outs: &mut [&mut [f32]]) {
-    let quantized: Option<Vec<_>> = ps
+    let quantized: Option<Vec<&dyn RowSource>> = ps
         .iter()
         .map(|p| match &p.w {
-            Weight::Quant(q) => Some(&**q),
+            Weight::Quant(q) => Some(&**q as &dyn RowSource),
+            Weight::Ggml(m) => Some(&**m as &dyn RowSource),
             Weight::F32 { .. } => None,
         })
         .collect();
-    if let Some(ms) = quantized {
-        qprefill::matmul_many(&ms, x, tokens, outs);
+    if let (Some(ms), true) = (quantized, tokens >= qprefill::MIN_TOKENS) {
+        qprefill::matmul_sources(&ms, x, tokens, outs);
     } else {
         for (p, out) in ps.iter().zip(outs.iter_mut()) {
             let (n, k) = (p.n(), p.k());
             match &p.w {
                 Weight::Quant(q) => qprefill::matmul_many(&[&**q], x, tokens, &mut [&mut **out]),
+                Weight::Ggml(m) => m.matmul(x, tokens, out),
                 // SAFETY: the decoder's contract: a live n×k f32 matrix; `x` and `out` hold `tokens`
                 // rows of k and n
                 Weight::F32 { ptr, .. } => unsafe {

@@ -33,8 +33,8 @@ fn quantized_dot(kind: GgmlType, row: &[u8], a: &Acts) -> f32 {
             let at = base + s * sub;
             let isum: i32 = dec.q[s * sub..(s + 1) * sub]
                 .iter()
-                .zip(&a.q[at..at + sub])
-                .map(|(&w, &x)| w as i32 * x as i32)
+                .enumerate()
+                .map(|(i, &w)| w as i32 * a.int(at + i))
                 .sum();
             let xsum: i32 = a.sums16[at / SUM_LEN..(at + sub) / SUM_LEN].iter().sum();
             let dx = a.d[at / a.block];

@@ -6,14 +6,20 @@
 
 use std::arch::x86_64::*;
 
-use half::f16;
-
 use super::acts::Acts;
 use super::blocks::{k_scale_min, GgmlType, QK_K};
 
+/// The f16 at `p`, converted by F16C (callers run with it enabled).
 #[inline(always)]
-fn half_at(b: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+unsafe fn half_ptr(p: *const u8) -> f32 {
+    let bits = (p as *const u16).read_unaligned();
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+/// The f16 at byte `at` of `b`.
+#[inline(always)]
+unsafe fn half_at(b: &[u8], at: usize) -> f32 {
+    half_ptr(b.as_ptr().add(at))
 }
 
 /// Eight i32 lanes of `Σ w · x` over 32 unsigned `w` and signed `x`, each pair of i16 products
@@ -71,7 +77,11 @@ pub unsafe fn row_dot(kind: GgmlType, row: &[u8], a: &Acts) -> f32 {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => float_dot(kind, row, &a.f),
         GgmlType::Q4K | GgmlType::Q5K => q45k_dot(kind == GgmlType::Q5K, row, a),
         GgmlType::Q6K => q6k_dot(row, a),
-        _ => legacy_dot(kind, row, a),
+        GgmlType::Q8_0 => legacy_dot::<Q8_0>(row, a),
+        GgmlType::Q4_0 => legacy_dot::<Q4_0>(row, a),
+        GgmlType::Q4_1 => legacy_dot::<Q4_1>(row, a),
+        GgmlType::Q5_0 => legacy_dot::<Q5_0>(row, a),
+        GgmlType::Q5_1 => legacy_dot::<Q5_1>(row, a),
     }
 }
 
@@ -105,66 +115,82 @@ unsafe fn float_dot(kind: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     if i < k {
         // the last few, through the portable code
         let bytes = row.len() / k;
-        let tail = super::acts::Acts {
-            block: 0,
-            q: vec![],
-            d: vec![],
-            sums16: vec![],
-            f: x[i..].to_vec(),
-        };
+        let tail = super::acts::quantize(super::acts::ActForm::F32, &x[i..]);
         sum += super::dot::row_dot(kind, &row[i * bytes..], &tail);
     }
     sum
 }
 
-/// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: blocks of 32 against activation blocks of 32.
+// the 32-element types, as const parameters of `legacy_dot`
+const Q8_0: u8 = 0;
+const Q4_0: u8 = 1;
+const Q4_1: u8 = 2;
+const Q5_0: u8 = 3;
+const Q5_1: u8 = 4;
+
+/// Block `b` of a 32-element type against its activations: the exact integer sums (eight lanes),
+/// the factor they take (`d · dx`), and the block's offset or bias share (`c · dx · Σ x`).
 #[inline(always)]
-unsafe fn legacy_dot(kind: GgmlType, row: &[u8], a: &Acts) -> f32 {
+unsafe fn legacy_block<const T: u8>(block: *const u8, b: usize, a: &Acts) -> (__m256i, f32, f32) {
     let ones = _mm256_set1_epi16(1);
-    let mut acc = _mm256_setzero_ps();
-    let mut fix = 0f32; // the biases' and offsets' share: Σ over blocks of c · dx · Σ x
-    for (b, block) in row.chunks_exact(kind.block_bytes()).enumerate() {
-        let x = _mm256_loadu_si256(a.q.as_ptr().add(32 * b) as *const __m256i);
-        let dx = a.d[b];
-        let xsum = (a.sums16[2 * b] + a.sums16[2 * b + 1]) as f32;
-        let p = block.as_ptr();
-        let d = half_at(block, 0);
-        let isum = match kind {
-            GgmlType::Q8_0 => {
-                let w = _mm256_loadu_si256(p.add(2) as *const __m256i);
-                dot32(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w), ones)
-            }
-            GgmlType::Q4_0 => {
-                fix -= 8.0 * d * dx * xsum;
-                dot32(nibbles16(p.add(2)), x, ones)
-            }
-            GgmlType::Q4_1 => {
-                fix += half_at(block, 2) * dx * xsum;
-                dot32(nibbles16(p.add(4)), x, ones)
-            }
-            GgmlType::Q5_0 => {
-                fix -= 16.0 * d * dx * xsum;
-                let high = u32::from_le_bytes(block[2..6].try_into().unwrap());
-                dot32(
-                    _mm256_or_si256(nibbles16(p.add(6)), fifth_bits(high)),
-                    x,
-                    ones,
-                )
-            }
-            _ => {
-                // Q5_1
-                fix += half_at(block, 2) * dx * xsum;
-                let high = u32::from_le_bytes(block[4..8].try_into().unwrap());
-                dot32(
-                    _mm256_or_si256(nibbles16(p.add(8)), fifth_bits(high)),
-                    x,
-                    ones,
-                )
-            }
-        };
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * dx), acc);
+    let d = half_ptr(block);
+    let dx = *a.d.get_unchecked(b);
+    let dsum = *a.dsum.get_unchecked(b);
+    if T == Q8_0 {
+        // int16 activations: both halves widened, products summed in pairs
+        let x = a.q16.as_ptr().add(32 * b) as *const __m256i;
+        let w = _mm256_loadu_si256(block.add(2) as *const __m256i);
+        let w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
+        let w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(w));
+        let isum = _mm256_add_epi32(
+            _mm256_madd_epi16(w0, _mm256_loadu_si256(x)),
+            _mm256_madd_epi16(w1, _mm256_loadu_si256(x.add(1))),
+        );
+        return (isum, d * dx, 0.0);
     }
-    hsum(acc) + fix
+    let x = _mm256_loadu_si256(a.q.as_ptr().add(32 * b) as *const __m256i);
+    let (w, fix) = match T {
+        Q4_0 => (nibbles16(block.add(2)), -8.0 * d * dsum),
+        Q4_1 => (nibbles16(block.add(4)), half_ptr(block.add(2)) * dsum),
+        Q5_0 => {
+            let high = (block.add(2) as *const u32).read_unaligned();
+            let w = _mm256_or_si256(nibbles16(block.add(6)), fifth_bits(high));
+            (w, -16.0 * d * dsum)
+        }
+        _ => {
+            let high = (block.add(4) as *const u32).read_unaligned();
+            let w = _mm256_or_si256(nibbles16(block.add(8)), fifth_bits(high));
+            (w, half_ptr(block.add(2)) * dsum)
+        }
+    };
+    (dot32(w, x, ones), d * dx, fix)
+}
+
+/// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: blocks of 32 against activation blocks of 32, two blocks per step
+/// into two sets of accumulators (their chains overlap).
+#[inline(always)]
+unsafe fn legacy_dot<const T: u8>(row: &[u8], a: &Acts) -> f32 {
+    let bytes = [34, 18, 20, 22, 24][T as usize];
+    let blocks = row.len() / bytes;
+    let p = row.as_ptr();
+    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let (mut fix0, mut fix1) = (0f32, 0f32);
+    let mut b = 0;
+    while b + 2 <= blocks {
+        let (i0, s0, f0) = legacy_block::<T>(p.add(b * bytes), b, a);
+        let (i1, s1, f1) = legacy_block::<T>(p.add((b + 1) * bytes), b + 1, a);
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_set1_ps(s0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_set1_ps(s1), acc1);
+        fix0 += f0;
+        fix1 += f1;
+        b += 2;
+    }
+    if b < blocks {
+        let (i0, s0, f0) = legacy_block::<T>(p.add(b * bytes), b, a);
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_set1_ps(s0), acc0);
+        fix0 += f0;
+    }
+    hsum(_mm256_add_ps(acc0, acc1)) + (fix0 + fix1)
 }
 
 /// Q4_K and Q5_K: super-blocks of 256 in eight sub-blocks of 32 with 6-bit scales and mins.

@@ -63,12 +63,15 @@ impl WeightBytes {
     }
 }
 
-/// A weight matrix `[n, k]` stored row after row as GGUF type `kind`.
+/// A weight matrix `[n, k]` stored row after row as GGUF type `kind`, its rows optionally read in
+/// another order (row `r` is stored row `order[r]`: llama.cpp stores Llama's q and k projections with
+/// each head's rows interleaved for its rotary pairing, and reading them back in order costs nothing).
 pub struct GgmlMatrix {
     pub kind: GgmlType,
     pub n: usize,
     pub k: usize,
     bytes: WeightBytes,
+    order: Option<Vec<u32>>,
 }
 
 impl GgmlMatrix {
@@ -85,7 +88,7 @@ impl GgmlMatrix {
                 kind.name()
             ));
         }
-        let block = kind.block_len().max(acts::act_block(kind));
+        let block = kind.block_len().max(acts::act_form(kind).block());
         if !k.is_multiple_of(block) {
             return Err(format!(
                 "{} rows are whole blocks of {block} elements; a row of {k} is not",
@@ -102,7 +105,37 @@ impl GgmlMatrix {
                 bytes.len
             ));
         }
-        Ok(GgmlMatrix { kind, n, k, bytes })
+        Ok(GgmlMatrix {
+            kind,
+            n,
+            k,
+            bytes,
+            order: None,
+        })
+    }
+
+    /// The same matrix with row `r` read from stored row `order[r]` (`order` a permutation of `0..n`).
+    pub fn with_row_order(mut self, order: Vec<u32>) -> Result<GgmlMatrix, String> {
+        let mut seen = vec![false; self.n];
+        for &r in &order {
+            match seen.get_mut(r as usize) {
+                Some(s) if !*s => *s = true,
+                _ => {
+                    return Err(format!(
+                        "a row order must be a permutation of 0..{}",
+                        self.n
+                    ))
+                }
+            }
+        }
+        if order.len() != self.n {
+            return Err(format!(
+                "a row order must be a permutation of 0..{}",
+                self.n
+            ));
+        }
+        self.order = Some(order);
+        Ok(self)
     }
 
     /// Bytes the weights take.
@@ -112,6 +145,7 @@ impl GgmlMatrix {
 
     /// Row `r`'s bytes.
     pub fn row(&self, r: usize) -> &[u8] {
+        let r = self.order.as_ref().map_or(r, |o| o[r] as usize);
         let len = self.kind.row_bytes(self.k);
         &self.bytes.as_slice()[r * len..(r + 1) * len]
     }
@@ -143,6 +177,10 @@ impl GgmlMatrix {
         let (n, k) = (self.n, self.k);
         assert_eq!(x.len(), tokens * k, "input length");
         assert_eq!(out.len(), tokens * n, "output length");
+        if tokens >= super::qprefill::MIN_TOKENS {
+            // many tokens against the same rows: dequantized rows times f32 tokens (see `qprefill`)
+            return super::qprefill::matmul_sources(&[self], x, tokens, &mut [out]);
+        }
         let quantized: Vec<acts::Acts> = x
             .chunks_exact(k)
             .map(|row| acts::quantize_for(self.kind, row))

@@ -77,9 +77,8 @@ fn reference(m: &GgmlMatrix, r: usize, x: &[f32]) -> (f64, f64) {
     let seen: Vec<f64> = if a.block == 0 {
         x.iter().map(|&v| v as f64).collect()
     } else {
-        a.q.iter()
-            .enumerate()
-            .map(|(i, &q)| a.d[i / a.block] as f64 * q as f64)
+        (0..x.len())
+            .map(|i| a.d[i / a.block] as f64 * a.int(i) as f64)
             .collect()
     };
     let exact = w.iter().zip(&seen).map(|(&w, &x)| w as f64 * x).sum();

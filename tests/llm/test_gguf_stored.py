@@ -1,0 +1,232 @@
+"""GGUF files run in their stored types (the default for a ``.gguf``): every matrix read in place from
+the mapped file, against ``transformers`` on the same weights (``gguf``'s dequantization of the stored
+bytes), on tiny models whose matrices take every supported type, and against the fp32 model on the
+shipped file."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, quants
+from torchburn_native import ggml
+
+from torchburn_llm import LLM
+from torchburn_llm.gguf_file import _unpermute_rows
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB, HIDDEN, INTER = 300, 256, 512  # K-quant rows are whole blocks of 256
+# where each K-quant block keeps its f16 factors, and their ranges for weights of about 0.1-0.5
+K_FACTORS = {
+    "Q4_K": ((0, 2), 2e-4, 1e-3),
+    "Q5_K": ((0, 2), 1e-4, 5e-4),
+    "Q6_K": ((208,), 5e-5, 2e-4),
+    "Q2_K": ((80, 82), 1e-3, 5e-3),  # a type not computed in as stored
+}
+
+
+def _store(kind: str, w: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``w`` [n, k] stored as ``kind``: quantized by ``gguf``, or, for the K-quants (which ``gguf`` does
+    not quantize), random well-formed blocks in its place. Returns the stored bytes [n, row bytes]."""
+    qtype = GGMLQuantizationType[kind]
+    if kind == "F32":
+        return w.astype(np.float32).view(np.uint8)
+    if kind == "F16":
+        return w.astype(np.float16).view(np.uint8)
+    if kind not in K_FACTORS:
+        return quants.quantize(w.astype(np.float32), qtype)
+    n, k = w.shape
+    elements, nbytes = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (n, k // elements, nbytes), dtype=np.uint8)
+    fields, low, high = K_FACTORS[kind]
+    for at in fields:
+        factor = rng.uniform(low, high, (n, k // elements)) * rng.choice([-1, 1], (n, k // elements))
+        raw[:, :, at : at + 2] = factor.astype(np.float16)[..., None].view(np.uint8)
+    return raw.reshape(n, -1)
+
+
+def _dequantized(kind: str, raw: np.ndarray, shape: tuple[int, int]) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(quants.dequantize(raw, GGMLQuantizationType[kind]), dtype=np.float32)).reshape(
+        shape
+    )
+
+
+def _tiny_gguf(tmp_path: Path, family: str, types: list[str]) -> tuple[Any, Path]:
+    """A tiny ``family`` model (2 layers, grouped-query attention) written as GGUF with its matrices in
+    ``types`` by turns, and the ``transformers`` model holding exactly the weights the file stores."""
+    config_cls, arch = {"llama": ("LlamaConfig", "llama"), "qwen2": ("Qwen2Config", "qwen2")}[family]
+    config = getattr(transformers, config_cls)(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTER,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=family == "qwen2",
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    rng = np.random.default_rng(0)
+    heads = {"q_proj": 8, "k_proj": 2}
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    hf_parts = {
+        "input_layernorm.weight": "attn_norm.weight",
+        "post_attention_layernorm.weight": "ffn_norm.weight",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj.weight": "ffn_gate.weight",
+        "mlp.up_proj.weight": "ffn_up.weight",
+        "mlp.down_proj.weight": "ffn_down.weight",
+    }
+    writer = GGUFWriter(tmp_path / f"{family}.gguf", arch)
+    writer.add_block_count(2)
+    writer.add_context_length(128)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(INTER)
+    writer.add_head_count(8)
+    writer.add_head_count_kv(2)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_tokenizer_model("gpt2")
+    letters = ["t", *"0123456789"]
+    writer.add_token_list(letters + [f"t{i}" for i in range(VOCAB - len(letters))])
+    writer.add_token_merges(["t 0"])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    kinds = itertools.cycle(types)
+    state = model.state_dict()
+    with torch.no_grad():
+        for hf, value in state.items():
+            if family == "qwen2" and hf == "lm_head.weight":
+                continue  # tied
+            if hf in names:
+                name = names[hf]
+            else:
+                layer, part = hf.removeprefix("model.layers.").split(".", 1)
+                stem = next(v for p, v in hf_parts.items() if part.startswith(p.removesuffix(".weight")))
+                name = f"blk.{layer}.{stem}" + ("" if stem.endswith(".weight") else part[part.rindex(".") :])
+            w = value.detach().clone()
+            if w.dim() == 1:
+                w = w.normal_(1.0 if "norm" in hf else 0.0, 0.1)
+                writer.add_tensor(name, w.numpy().astype(np.float32))
+                value.copy_(w)
+                continue
+            w.normal_(0, 0.2)
+            proj = next((p for p in heads if p in hf), None)
+            if arch == "llama" and proj is not None:  # llama.cpp's per-head row order for its rotary pairs
+                rows = w.shape[0]
+                w = w.reshape(heads[proj], 2, rows // heads[proj] // 2, -1).transpose(1, 2).reshape(rows, -1)
+            kind = next(kinds)
+            raw = _store(kind, w.numpy(), rng)
+            writer.add_tensor(name, raw, raw_dtype=GGMLQuantizationType[kind])
+            stored = _dequantized(kind, raw, tuple(w.shape))
+            if arch == "llama" and proj is not None:
+                stored = _unpermute_rows(stored, heads[proj])
+            value.copy_(stored)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return model, tmp_path / f"{family}.gguf"
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_every_stored_type_matches_transformers(tmp_path: Path, family: str) -> None:
+    reference, path = _tiny_gguf(tmp_path, family, list(ggml.TYPES))
+    llm = LLM.from_pretrained(path)
+    model = llm.model
+    assert model.quant == "stored"
+    linears = [model.lm_head] + [
+        getattr(layer, p) for layer in model.layers for p in ("q", "k", "v", "o", "gate", "up", "down")
+    ]
+    assert all(lin.stored is not None and lin.weight is None for lin in linears)
+    assert {lin.quant for lin in linears} | {model.embed.kind} == set(ggml.TYPES)  # type: ignore[union-attr]
+    ids = torch.randint(3, VOCAB, (24,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = reference(ids[None]).logits[0]  # [T, V]
+    cache = model.new_cache(64)
+    prefill = model.forward(ids[:16], cache)  # native prefill
+    steps = torch.cat([model.forward(ids[i : i + 1], cache) for i in range(16, 24)])  # native decode
+    assert model.native_prefills == 1 and model.native_steps == 8
+    got = torch.cat([prefill, steps])
+    # the same weights; only the activations' int8 rounding (per block, as llama.cpp's) differs
+    scale = float(want.abs().max())
+    diff = (got - want).abs()
+    assert float(diff.max()) <= 0.05 * scale and float(diff.mean()) <= 0.01 * scale, (diff.max(), diff.mean(), scale)
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
+
+
+def test_native_and_tensor_paths_agree_on_stored_weights(tmp_path: Path) -> None:
+    _, path = _tiny_gguf(tmp_path, "llama", ["Q4_K", "Q6_K", "Q8_0", "Q5_0"])
+    model = LLM.from_pretrained(path).model
+    ids = torch.randint(3, VOCAB, (20,), generator=torch.Generator().manual_seed(2))
+    runs = []
+    for native in (True, False):
+        model.native_decode = model.native_prefill = native
+        cache = model.new_cache(32)
+        first = model.forward(ids[:12], cache)
+        runs.append(torch.cat([first, *(model.forward(ids[i : i + 1], cache) for i in range(12, 20))]))
+    # the same kernels and activation rounding on both paths; only the order of f32 sums differs, which
+    # can move an activation across an int8 step now and then: bound the few and the mean
+    scale = float(runs[1].abs().max())
+    diff = (runs[0] - runs[1]).abs()
+    assert float(diff.max()) <= 0.02 * scale and float(diff.mean()) <= 2e-3 * scale, (diff.max(), diff.mean())
+
+
+def test_types_not_computed_as_stored_run_dequantized_with_a_warning(tmp_path: Path) -> None:
+    reference, path = _tiny_gguf(tmp_path, "qwen2", ["Q4_K", "Q2_K"])
+    with pytest.warns(UserWarning, match=r"of GGUF type\(s\) Q2_K, which run dequantized to fp32"):
+        llm = LLM.from_pretrained(path)
+    kinds = {lin.quant for layer in llm.model.layers for lin in (layer.q, layer.down)}
+    assert kinds == {"Q4_K", "fp32"}
+    ids = torch.randint(3, VOCAB, (10,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = reference(ids[None]).logits[0]
+    got = llm.model.forward(ids, llm.model.new_cache(16))
+    assert float((got - want).abs().max()) <= 0.05 * float(want.abs().max())
+
+
+def test_the_shipped_file_runs_as_stored_and_tracks_fp32(smollm2_path: Path, smollm2: LLM) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every matrix of the file is computed in as stored
+        stored = LLM.from_pretrained(smollm2_path)
+    model = stored.model
+    assert model.quant == "stored" and isinstance(model.embed, ggml.GgmlMatrix)
+    kinds = {getattr(layer, p).quant for layer in model.layers for p in ("q", "k", "v", "o", "gate", "up", "down")}
+    assert kinds == {"Q4_1"} and model.lm_head.quant == "Q8_0"  # tied to the Q8_0 embedding
+    # the weights read per token are the file's bytes: nothing dequantized or copied
+    assert model.weight_bytes < smollm2_path.stat().st_size < 1.2 * model.weight_bytes
+    ids = stored.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 4).ids
+    ids_t = torch.tensor(ids)
+    got = model.forward(ids_t, model.new_cache(len(ids)))
+    want = smollm2.model.forward(ids_t, smollm2.model.new_cache(len(ids)))
+    # int8 activations (llama.cpp's rounding) move a 30-layer model's logits by about 1% of their range:
+    # rounding fp32 activations the same way in Python moves them as far, so bound that, not less
+    scale = float(want.abs().max())
+    diff = (got - want).abs()
+    assert float(diff.mean()) <= 0.015 * scale and float(diff.max()) <= 0.1 * scale, (diff.mean(), diff.max())
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
+
+
+def test_a_folder_refuses_stored(tmp_path: Path) -> None:
+    reference, _ = _tiny_gguf(tmp_path, "qwen2", ["F32"])
+    folder = tmp_path / "hf"
+    reference.save_pretrained(folder, safe_serialization=True)
+    with pytest.raises(ValueError, match="keeps a GGUF file's own types"):
+        LLM.from_pretrained(folder, quant="stored")
