@@ -3,11 +3,13 @@
 //!
 //! - [`blocks`]: the types, their block layouts and the decoder every path is checked against;
 //! - [`acts`]: activation rows quantized the way each type's products take them;
+//! - [`dequant`]: rows to f32 at speed (prompts dequantize each row once);
 //! - [`dot`]: the portable row products (the baseline path);
 //! - `dot_avx2`: the AVX2 row products (also run at the AVX-512 level).
 
 pub mod acts;
 pub mod blocks;
+pub mod dequant;
 pub mod dot;
 #[cfg(target_arch = "x86_64")]
 pub mod dot_avx2;
@@ -155,7 +157,7 @@ impl GgmlMatrix {
         assert!(rows.end <= self.n, "rows out of range");
         assert_eq!(out.len(), rows.len() * self.k, "output length");
         for (r, dst) in rows.zip(out.chunks_exact_mut(self.k)) {
-            blocks::dequantize_row(self.kind, self.row(r), dst);
+            dequant::dequantize_row_fast(self.kind, self.row(r), dst);
         }
     }
 
