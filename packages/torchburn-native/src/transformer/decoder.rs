@@ -536,10 +536,10 @@ fn project(ps: &[&Projection], x: &[f32], out: &mut [f32]) {
                         );
                     }
                     Weight::Ggml(m) => {
-                        let form = ggml_acts::act_form(m.kind);
-                        let slot = ggml_acts::ActForm::ALL.iter().position(|&f| f == form);
-                        let acts = slot.and_then(|i| ggml[i].as_ref());
-                        let acts = acts.expect("activations in the weights' form");
+                        let form = ggml_acts::act_form(m.kind) as usize;
+                        let acts = ggml[form]
+                            .as_ref()
+                            .expect("activations in the weights' form");
                         for (o, r) in dst.iter_mut().zip(rows.clone()) {
                             *o = m.row_dot(r, acts);
                         }

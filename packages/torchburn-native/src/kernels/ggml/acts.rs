@@ -15,7 +15,8 @@ pub const QK8: usize = 32;
 /// Elements per entry of [`Acts::sums16`].
 pub const SUM_LEN: usize = 16;
 
-/// How one weight type takes its activations.
+/// How one weight type takes its activations (the order of [`ActForm::ALL`], which
+/// `form as usize` indexes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ActForm {
     F32,
@@ -45,6 +46,15 @@ impl ActForm {
     }
 }
 
+// `ALL` lists the forms in declaration order, so `form as usize` is a form's place in it
+const _: () = {
+    let mut i = 0;
+    while i < ActForm::ALL.len() {
+        assert!(ActForm::ALL[i] as usize == i);
+        i += 1;
+    }
+};
+
 /// The form products with `kind` take.
 pub fn act_form(kind: GgmlType) -> ActForm {
     match kind {
@@ -58,8 +68,6 @@ pub fn act_form(kind: GgmlType) -> ActForm {
 /// One activation row in one [`ActForm`].
 pub struct Acts {
     pub form: ActForm,
-    /// elements per scale (0 for f32 rows)
-    pub block: usize,
     /// the integers of the int8 forms
     pub q: Vec<i8>,
     /// the integers of the int16 form
@@ -90,7 +98,6 @@ pub fn quantize(form: ActForm, x: &[f32]) -> Acts {
     let block = form.block();
     let mut out = Acts {
         form,
-        block,
         q: vec![],
         q16: vec![],
         d: vec![],

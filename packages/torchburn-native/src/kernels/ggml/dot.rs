@@ -37,7 +37,7 @@ fn quantized_dot(kind: GgmlType, row: &[u8], a: &Acts) -> f32 {
                 .map(|(i, &w)| w as i32 * a.int(at + i))
                 .sum();
             let xsum: i32 = a.sums16[at / SUM_LEN..(at + sub) / SUM_LEN].iter().sum();
-            let dx = a.d[at / a.block];
+            let dx = a.d[at / a.form.block()];
             acc += dx * (dec.scale[s] * isum as f32 - dec.min[s] * xsum as f32);
         }
     }

@@ -74,11 +74,12 @@ fn reference(m: &GgmlMatrix, r: usize, x: &[f32]) -> (f64, f64) {
     let mut w = vec![0f32; m.k];
     dequantize_row(m.kind, m.row(r), &mut w);
     let a = quantize_for(m.kind, x);
-    let seen: Vec<f64> = if a.block == 0 {
+    let block = a.form.block();
+    let seen: Vec<f64> = if block == 0 {
         x.iter().map(|&v| v as f64).collect()
     } else {
         (0..x.len())
-            .map(|i| a.d[i / a.block] as f64 * a.int(i) as f64)
+            .map(|i| a.d[i / block] as f64 * a.int(i) as f64)
             .collect()
     };
     let exact = w.iter().zip(&seen).map(|(&w, &x)| w as f64 * x).sum();
