@@ -19,6 +19,8 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from .models import list_models, pull, rm
+
 app = typer.Typer(
     help="TorchBurn: a torch.compile backend with its own engines, and a local LLM runtime.", no_args_is_help=True
 )
@@ -33,8 +35,8 @@ ModelOpt = Annotated[
         "--model",
         "-m",
         help=(
-            "A checkpoint folder, a .gguf file or a Hub id (org/name: the HF cache, else downloaded) "
-            "[default: the embedded SmolLM2-135M-Instruct]"
+            "A checkpoint folder, a .gguf file or a Hub id (org/name, or org/name:QUANT for one file of a GGUF "
+            "repo: the HF cache, else downloaded) [default: the embedded SmolLM2-135M-Instruct]"
         ),
     ),
 ]
@@ -282,9 +284,12 @@ def cache_clear() -> None:
     print("cache cleared")
 
 
-for command in (generate, chat, benchmark, accuracy):
+for command in (generate, chat, benchmark, accuracy, pull):
     app.command()(_unix(command))
     llm_app.command()(_unix(command))
+for group in (app, llm_app):
+    group.command("list")(_unix(list_models))
+    group.command()(_unix(rm))
 app.command()(_unix(info))
 app.command()(_unix(ops))
 

@@ -16,6 +16,7 @@ from .checks import MAX_VOCAB, flag, real, token_ids, whole
 from .config import ModelConfig
 from .default_model import default_model_path
 from .errors import ContextLengthError, ModelLoadError
+from .gguf_quants import refuse_split
 from .hub import looks_like_repo_id
 from .linear import QUANTS, STORED
 from .loader import Progress, load_folder, load_gguf
@@ -84,8 +85,9 @@ class LLM:
         token: str | bool | None = None,
     ) -> LLM:
         """Load a local Hugging Face checkpoint folder, a ``.gguf`` file, or a Hub id such as
-        ``"HuggingFaceTB/SmolLM2-135M-Instruct"`` (from the Hugging Face cache, or downloaded; ``revision``
-        and ``token`` as huggingface_hub takes them); with no path, the embedded SmolLM2-135M-Instruct.
+        ``"HuggingFaceTB/SmolLM2-135M-Instruct"`` or, for one file of a GGUF repo, ``"org/name-GGUF:Q4_K_M"``
+        (from the Hugging Face cache, or downloaded; ``revision`` and ``token`` as huggingface_hub takes
+        them); with no path, the embedded SmolLM2-135M-Instruct.
         ``progress(done, total)`` is called as tensors load.
 
         ``quant``: the weight format. By default a GGUF file runs in its stored types (``"stored"``: read
@@ -101,6 +103,7 @@ class LLM:
             path = hub.resolve(str(path), revision=revision, token=token)
         path = Path(path)
         if path.suffix == ".gguf":
+            refuse_split(path)
             arch, cfg, model, (tokenizer, template) = load_gguf(path, progress, quant or STORED)
             return cls(arch, cfg, model, tokenizer, template)
         if quant == STORED:
