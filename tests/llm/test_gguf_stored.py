@@ -57,23 +57,68 @@ def _dequantized(kind: str, raw: np.ndarray, shape: tuple[int, int]) -> torch.Te
     )
 
 
+HEAD_DIM = HIDDEN // 8
+# per family: the transformers config class, the GGUF architecture, the config's own settings
+GGUF_FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", "llama", {}),
+    "qwen2": ("Qwen2Config", "qwen2", {"tie_word_embeddings": True}),
+    # llama.cpp fixes Gemma 2's layers as windowed, global; its query scale as the head size's
+    "gemma2": (
+        "Gemma2Config",
+        "gemma2",
+        {
+            "head_dim": HEAD_DIM,
+            "query_pre_attn_scalar": HEAD_DIM,
+            "sliding_window": 8,
+            "attn_logit_softcapping": 4.0,
+            "final_logit_softcapping": 3.0,
+        },
+    ),
+    # two layers: both windowed, as llama.cpp's every-sixth-global pattern makes them
+    "gemma3": (
+        "Gemma3TextConfig",
+        "gemma3",
+        {"head_dim": HEAD_DIM, "query_pre_attn_scalar": HEAD_DIM, "sliding_window": 8},
+    ),
+    "phi3": ("Phi3Config", "phi3", {"pad_token_id": 0}),
+}
+# Hugging Face layer tensor -> GGUF, where a family names it otherwise than Llama
+GGUF_PARTS: dict[str, dict[str, str]] = {
+    "gemma2": {
+        "post_attention_layernorm.weight": "post_attention_norm.weight",
+        "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+        "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    },
+    "phi3": {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj.weight": "ffn_up.weight"},
+}
+GGUF_PARTS["gemma3"] = {
+    **GGUF_PARTS["gemma2"],
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+}
+
+
 def _tiny_gguf(tmp_path: Path, family: str, types: list[str]) -> tuple[Any, Path]:
     """A tiny ``family`` model (2 layers, grouped-query attention) written as GGUF with its matrices in
     ``types`` by turns, and the ``transformers`` model holding exactly the weights the file stores."""
-    config_cls, arch = {"llama": ("LlamaConfig", "llama"), "qwen2": ("Qwen2Config", "qwen2")}[family]
+    config_cls, arch, settings = GGUF_FAMILIES[family]
     config = getattr(transformers, config_cls)(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=INTER,
-        num_hidden_layers=2,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=family == "qwen2",
-        bos_token_id=1,
-        eos_token_id=2,
+        **{
+            "vocab_size": VOCAB,
+            "hidden_size": HIDDEN,
+            "intermediate_size": INTER,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 128,
+            "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": False,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            **settings,
+        }
     )
+    gemma = family.startswith("gemma")
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     rng = np.random.default_rng(0)
@@ -93,6 +138,7 @@ def _tiny_gguf(tmp_path: Path, family: str, types: list[str]) -> tuple[Any, Path
         "mlp.gate_proj.weight": "ffn_gate.weight",
         "mlp.up_proj.weight": "ffn_up.weight",
         "mlp.down_proj.weight": "ffn_down.weight",
+        **GGUF_PARTS.get(family, {}),
     }
     writer = GGUFWriter(tmp_path / f"{family}.gguf", arch)
     writer.add_block_count(2)
@@ -102,7 +148,15 @@ def _tiny_gguf(tmp_path: Path, family: str, types: list[str]) -> tuple[Any, Path
     writer.add_head_count(8)
     writer.add_head_count_kv(2)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_rope_freq_base(10000.0)
+    writer.add_rope_freq_base(1e6 if family == "gemma3" else 10000.0)
+    writer.add_key_length(HEAD_DIM)
+    writer.add_value_length(HEAD_DIM)
+    writer.add_rope_dimension_count(HEAD_DIM)
+    if "sliding_window" in settings:
+        writer.add_sliding_window(settings["sliding_window"])
+    if "attn_logit_softcapping" in settings:
+        writer.add_attn_logit_softcapping(settings["attn_logit_softcapping"])
+        writer.add_final_logit_softcapping(settings["final_logit_softcapping"])
     writer.add_tokenizer_model("gpt2")
     letters = ["t", *"0123456789"]
     writer.add_token_list(letters + [f"t{i}" for i in range(VOCAB - len(letters))])
@@ -113,7 +167,7 @@ def _tiny_gguf(tmp_path: Path, family: str, types: list[str]) -> tuple[Any, Path
     state = model.state_dict()
     with torch.no_grad():
         for hf, value in state.items():
-            if family == "qwen2" and hf == "lm_head.weight":
+            if config.tie_word_embeddings and hf == "lm_head.weight":
                 continue  # tied
             if hf in names:
                 name = names[hf]
@@ -123,8 +177,9 @@ def _tiny_gguf(tmp_path: Path, family: str, types: list[str]) -> tuple[Any, Path
                 name = f"blk.{layer}.{stem}" + ("" if stem.endswith(".weight") else part[part.rindex(".") :])
             w = value.detach().clone()
             if w.dim() == 1:
-                w = w.normal_(1.0 if "norm" in hf else 0.0, 0.1)
-                writer.add_tensor(name, w.numpy().astype(np.float32))
+                w = w.normal_(0.0 if gemma or "norm" not in hf else 1.0, 0.1)
+                # Gemma's norms scale by 1 + w; llama.cpp's converter stores the sum
+                writer.add_tensor(name, (w + 1 if gemma and "norm" in hf else w).numpy().astype(np.float32))
                 value.copy_(w)
                 continue
             w.normal_(0, 0.2)
@@ -146,7 +201,7 @@ def _tiny_gguf(tmp_path: Path, family: str, types: list[str]) -> tuple[Any, Path
     return model, tmp_path / f"{family}.gguf"
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", sorted(GGUF_FAMILIES))
 def test_every_stored_type_matches_transformers(tmp_path: Path, family: str) -> None:
     reference, path = _tiny_gguf(tmp_path, family, list(ggml.TYPES))
     llm = LLM.from_pretrained(path)
@@ -156,7 +211,11 @@ def test_every_stored_type_matches_transformers(tmp_path: Path, family: str) -> 
         getattr(layer, p) for layer in model.layers for p in ("q", "k", "v", "o", "gate", "up", "down")
     ]
     assert all(lin.stored is not None and lin.weight is None for lin in linears)
-    assert {lin.quant for lin in linears} | {model.embed.kind} == set(ggml.TYPES)  # type: ignore[union-attr]
+    # the file's matrices took the types by turns (Phi-3's fused ones: fewer matrices than types)
+    matrices = [n for n, w in reference.state_dict().items() if w.dim() == 2]
+    matrices = [n for n in matrices if not (reference.config.tie_word_embeddings and n == "lm_head.weight")]
+    want_kinds = set(itertools.islice(itertools.cycle(ggml.TYPES), len(matrices)))
+    assert {lin.quant for lin in linears} | {model.embed.kind} == want_kinds  # type: ignore[union-attr]
     ids = torch.randint(3, VOCAB, (24,), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = reference(ids[None]).logits[0]  # [T, V]
@@ -230,3 +289,16 @@ def test_a_folder_refuses_stored(tmp_path: Path) -> None:
     reference.save_pretrained(folder, safe_serialization=True)
     with pytest.raises(ValueError, match="keeps a GGUF file's own types"):
         LLM.from_pretrained(folder, quant="stored")
+
+
+@pytest.mark.parametrize("family", ["gemma2", "phi3"])
+def test_converted_quants_of_other_families_read_their_layout(tmp_path: Path, family: str) -> None:
+    # the dequantizing path: Gemma's stored norm sums and Phi-3's fused matrices, split after loading
+    reference, path = _tiny_gguf(tmp_path, family, ["F32"])
+    model = LLM.from_pretrained(path, quant="fp32").model
+    ids = torch.randint(3, VOCAB, (12,), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want = reference(ids[None]).logits[0]
+    cache = model.new_cache(16)
+    got = torch.cat([model.forward(ids[:8], cache), *(model.forward(ids[i : i + 1], cache) for i in range(8, 12))])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

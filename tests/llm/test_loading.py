@@ -51,7 +51,10 @@ def test_unknown_model_type_lists_the_supported_ones(checkpoint: Path) -> None:
     cfg = json.loads((checkpoint / "config.json").read_text())
     cfg["model_type"] = "gpt_neox"
     (checkpoint / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ModelLoadError, match=r"'gpt_neox' is not supported; supported: llama, mistral, qwen2, qwen3"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"'gpt_neox' is not supported; supported: gemma, gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3",
+    ):
         LLM.from_pretrained(checkpoint)
 
 

@@ -47,6 +47,51 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "mistral_window": ("MistralConfig", {"sliding_window": 8}),
     "qwen2": ("Qwen2Config", {"tie_word_embeddings": True}),
     "qwen3": ("Qwen3Config", {"head_dim": 32, "tie_word_embeddings": False}),
+    "gemma": ("GemmaConfig", {"head_dim": 16, "tie_word_embeddings": True}),
+    # logit caps small enough to bend the scores; queries scaled by another size than the head's;
+    # layer 0 windowed, layer 1 global
+    "gemma2": (
+        "Gemma2Config",
+        {
+            "head_dim": 16,
+            "query_pre_attn_scalar": 24,
+            "sliding_window": 8,
+            "attn_logit_softcapping": 4.0,
+            "final_logit_softcapping": 3.0,
+        },
+    ),
+    # windowed layer 0 rotating at its own base, global layer 1 at another, linearly scaled
+    "gemma3": (
+        "Gemma3TextConfig",
+        {
+            "head_dim": 16,
+            "query_pre_attn_scalar": 16,
+            "sliding_window": 8,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0},
+            },
+        },
+    ),
+    "phi3": ("Phi3Config", {"pad_token_id": 0}),
+    # half of each head rotated, longrope's short factors and attention factor (contexts up to 128)
+    "phi3_longrope_partial": (
+        "Phi3Config",
+        {
+            "pad_token_id": 0,
+            "head_dim": 16,
+            "max_position_embeddings": 256,
+            "original_max_position_embeddings": 128,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5,
+                "short_factor": [1.0, 1.5, 2.0, 3.0],
+                "long_factor": [2.0, 4.0, 8.0, 16.0],
+            },
+        },
+    ),
 }
 
 
@@ -67,7 +112,7 @@ def _tiny(tmp_path: Path, family: str, **overrides: Any) -> tuple[Any, Path]:
 def test_logits_and_greedy_continuation_match_transformers(tmp_path: Path, family: str) -> None:
     reference, folder = _tiny(tmp_path, family)
     llm = LLM.from_pretrained(folder)
-    assert llm.architecture.name == reference.config.model_type
+    assert reference.config.model_type in llm.architecture.model_types
     prompt = torch.randint(3, COMMON["vocab_size"], (12,), generator=torch.Generator().manual_seed(1))
 
     with torch.no_grad():
@@ -85,8 +130,10 @@ def test_logits_and_greedy_continuation_match_transformers(tmp_path: Path, famil
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_native_decode_steps_match_transformers(tmp_path: Path, family: str) -> None:
-    # 8 heads over 96 positions: past 64 the decoder runs the heads in parallel (512 head-positions)
-    reference, folder = _tiny(tmp_path, family, num_attention_heads=8)
+    # 8 heads over 96 positions: past 64 the decoder runs the heads in parallel (512 head-positions);
+    # transformers sizes longrope's factors by hidden / heads, which 8 heads would change
+    heads = 4 if "longrope" in family else 8
+    reference, folder = _tiny(tmp_path, family, num_attention_heads=heads)
     llm = LLM.from_pretrained(folder)
     ids = torch.randint(3, COMMON["vocab_size"], (96,), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -97,6 +144,22 @@ def test_native_decode_steps_match_transformers(tmp_path: Path, family: str) -> 
     got = torch.cat([model.forward(ids[i : i + 1], cache) for i in range(4, 96)])
     assert model.native_steps == 92
     torch.testing.assert_close(got, want[4:], rtol=1e-4, atol=1e-4)
+
+
+def test_longrope_switches_to_the_long_factors_past_the_original_context(tmp_path: Path) -> None:
+    # 140 positions in one pass: past the original 128, transformers rotates every position of that
+    # pass with the long factors; so do both of the runtime's paths
+    reference, folder = _tiny(tmp_path, "phi3_longrope_partial")
+    model = LLM.from_pretrained(folder, quant="fp32").model
+    ids = torch.randint(3, COMMON["vocab_size"], (140,), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want = reference(ids[None]).logits[0]
+        short = reference(ids[None, :100]).logits[0]
+    assert not torch.allclose(want[:100], short, atol=1e-3)  # the factors change the result
+    for native in (False, True):
+        model.native_prefill = native
+        got = model.forward(ids, model.new_cache(160))
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("quant", ["int8", "int4"])

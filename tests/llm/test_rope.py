@@ -15,4 +15,16 @@ def test_table_rows_equal_the_direct_tables_as_it_grows() -> None:
         want_cos, want_sin = cos_sin(inv_freq, torch.arange(start, start + count))
         assert cos.is_contiguous() and sin.is_contiguous()
         assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin), (start, count)
-    assert table.cos.shape[0] >= 1007
+
+
+def test_longrope_rows_switch_to_the_long_rates_past_the_original_length() -> None:
+    short = 1.0 / (2.0 * 10000.0 ** (torch.arange(0, 16, 2).float() / 16))
+    long = short / 4.0
+    table = RotaryTable(short, scale=1.25, long=(long, 64))
+    for (start, count), rates in [((0, 64), short), ((60, 5), long), ((63, 1), short), ((64, 1), long)]:
+        cos, sin = table.rows(start, count)
+        want_cos, want_sin = cos_sin(rates, torch.arange(start, start + count), 1.25)
+        assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin), (start, count)
+    # the scale multiplies the plain tables
+    plain_cos, _ = cos_sin(short, torch.arange(3))
+    torch.testing.assert_close(table.rows(0, 3)[0], plain_cos * 1.25)

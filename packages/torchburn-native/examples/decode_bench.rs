@@ -3,7 +3,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 use torchburn_native::kernels::quant::QMatrix;
-use torchburn_native::transformer::{CacheIo, Decoder, Dims, Embedding, Layer, Projection, Weight};
+use torchburn_native::transformer::{
+    Activation, CacheIo, Decoder, Dims, Embedding, Layer, Projection, Weight,
+};
 
 fn main() {
     let positions: usize = std::env::args().nth(1).map_or(64, |s| s.parse().unwrap());
@@ -41,6 +43,10 @@ fn main() {
             gate: q4(rand(inter * hidden), inter, hidden),
             up: q4(rand(inter * hidden), inter, hidden),
             down: q4(rand(hidden * inter), hidden, inter),
+            post_attn_norm: None,
+            post_mlp_norm: None,
+            windowed: false,
+            rope: 0,
         })
         .collect();
     let head = Projection {
@@ -56,6 +62,12 @@ fn main() {
             vocab,
             eps: 1e-5,
             window: None,
+            rotary_dim: hd,
+            attn_scale: 1.0 / (hd as f32).sqrt(),
+            attn_softcap: None,
+            final_softcap: None,
+            embed_scale: 1.0,
+            activation: Activation::Silu,
         },
         embed: Embedding::F32(embed.as_ptr() as usize),
         norm: ones.as_ptr() as usize,
@@ -72,8 +84,8 @@ fn main() {
         keys: keys.as_mut_ptr(),
         values: values.as_mut_ptr(),
         capacity: cap,
-        cos: cos.as_ptr(),
-        sin: sin.as_ptr(),
+        cos: [cos.as_ptr(); 2],
+        sin: [sin.as_ptr(); 2],
         logits: logits.as_mut_ptr(),
     };
     let mut times = vec![];

@@ -26,7 +26,19 @@ if TYPE_CHECKING:
     from torchburn_native.transformer import QMatrix
 
 # GGUF architecture -> config.json model_type
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+ARCHITECTURES = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma": "gemma",
+    "gemma2": "gemma2",
+    "gemma3": "gemma3_text",
+    "phi3": "phi3",
+}
+# Gemma 2/3 layers every how many are global (the rest windowed), as llama.cpp fixes them
+GEMMA_GLOBAL_EVERY = {"gemma2": 2, "gemma3": 6}
+# Gemma 2/3 27B scale queries by hidden / heads rather than the head size (llama.cpp tells them by depth)
+GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 TOP = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -47,12 +59,26 @@ for _g, _h in (("q", "q"), ("k", "k"), ("v", "v"), ("output", "o")):
     PER_LAYER[f"attn_{_g}.bias"] = f"self_attn.{_h}_proj.bias"
 
 
-def hf_name(gguf_name: str) -> str:
+# where a family's layer tensors mean something else than Llama's
+PER_LAYER_OF = {
+    "gemma2": {
+        "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+        "post_attention_norm.weight": "post_attention_layernorm.weight",
+        "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+    },
+    "phi3": {"attn_qkv.weight": "self_attn.qkv_proj.weight", "ffn_up.weight": "mlp.gate_up_proj.weight"},
+}
+PER_LAYER_OF["gemma3"] = PER_LAYER_OF["gemma2"]
+
+
+def hf_name(gguf_name: str, arch: str = "llama") -> str:
     if gguf_name in TOP:
         return TOP[gguf_name]
     parts = gguf_name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in PER_LAYER:
-        return f"model.layers.{parts[1]}.{PER_LAYER[parts[2]]}"
+    if len(parts) == 3 and parts[0] == "blk":
+        name = PER_LAYER_OF.get(arch, {}).get(parts[2]) or PER_LAYER.get(parts[2])
+        if name is not None:
+            return f"model.layers.{parts[1]}.{name}"
     return gguf_name  # unknown: the strict check names it
 
 
@@ -61,20 +87,25 @@ class GGUFCheckpoint:
         self.path = path
         self.header = GGUFHeader(path)
         self.fields = self.header.fields
-        self._tensors: dict[str, TensorInfo] = {}
-        for t in self.header.tensors:
-            name = hf_name(t.name)
-            if name in self._tensors:  # e.g. "token_embd.weight" and "model.embed_tokens.weight"
-                raise ModelLoadError(f"{path}: tensors {self._tensors[name].name} and {t.name} are both {name}")
-            self._tensors[name] = t
-        # GGUF lists dimensions fastest first; torch shapes are the reverse
-        self.shapes = {n: tuple(int(d) for d in reversed(t.dims)) for n, t in self._tensors.items()}
         arch = self.field("general.architecture")
         if arch not in ARCHITECTURES:
             raise ModelLoadError(
                 f"{path}: GGUF architecture {shown(arch)} is not supported; supported: {', '.join(ARCHITECTURES)}"
             )
         self.arch = str(arch)
+        self._tensors: dict[str, TensorInfo] = {}
+        # Phi-3's longrope factors: read into the config, not weights of the forward pass
+        self._rope_factors: dict[str, TensorInfo] = {}
+        for t in self.header.tensors:
+            if t.name in ("rope_factors_long.weight", "rope_factors_short.weight"):
+                self._rope_factors[t.name] = t
+                continue
+            name = hf_name(t.name, self.arch)
+            if name in self._tensors:  # e.g. "token_embd.weight" and "model.embed_tokens.weight"
+                raise ModelLoadError(f"{path}: tensors {self._tensors[name].name} and {t.name} are both {name}")
+            self._tensors[name] = t
+        # GGUF lists dimensions fastest first; torch shapes are the reverse
+        self.shapes = {n: tuple(int(d) for d in reversed(t.dims)) for n, t in self._tensors.items()}
         self.config = self._config()
 
     def field(self, key: str, default: Any = None) -> Any:
@@ -111,9 +142,9 @@ class GGUFCheckpoint:
                 f"{source}: {a}.attention.head_count {heads} does not split into {kv_key} {kv_heads} "
                 "(the KV heads must divide the attention heads)"
             )
-        head_dim_key = next(
-            (k for k in (f"{a}.attention.key_length", f"{a}.rope.dimension_count") if self.field(k) is not None), None
-        )
+        # Phi-3's rope.dimension_count is the rotated part of a head (Phi-4-mini: three quarters)
+        head_keys = (f"{a}.attention.key_length",) + (() if a == "phi3" else (f"{a}.rope.dimension_count",))
+        head_dim_key = next((k for k in head_keys if self.field(k) is not None), None)
         if head_dim_key is not None:
             head_dim = whole(self.field(head_dim_key), head_dim_key, source)
         elif hidden % heads:
@@ -125,19 +156,43 @@ class GGUFCheckpoint:
             head_dim = hidden // heads
         if head_dim % 2:
             raise ModelLoadError(f"{source}: the head size must be even (rotary embeddings turn pairs), got {head_dim}")
+        rotary_dim = None
+        if a == "phi3" and self.field(f"{a}.rope.dimension_count") is not None:
+            key = f"{a}.rope.dimension_count"
+            rotary_dim = whole(self.field(key), key, source, high=head_dim)
+            if rotary_dim % 2:
+                raise ModelLoadError(f"{source}: {key} must be even (rotary embeddings turn pairs), got {rotary_dim}")
+            rotary_dim = None if rotary_dim == head_dim else rotary_dim
         kind = self.field(f"{a}.rope.scaling.type", "none")
         scaling = RopeScaling()
-        if kind == "linear":
+        if self._rope_factors:
+            scaling = self._longrope(rotary_dim or head_dim)
+        elif kind == "linear":
             factor_key = f"{a}.rope.scaling.factor"
             scaling = RopeScaling("linear", factor=real(need(factor_key), factor_key, source))
         elif kind != "none":
             raise ModelLoadError(f"{source}: rope scaling {shown(kind)} is not supported (supported: none, linear)")
+        layers = whole(need(f"{a}.block_count"), f"{a}.block_count", source, high=MAX_LAYERS)
+        window_key = f"{a}.attention.sliding_window"
+        window = self.field(window_key)
+        windowed = None
+        if a in GEMMA_GLOBAL_EVERY:
+            every = GEMMA_GLOBAL_EVERY[a]
+            windowed = tuple((i + 1) % every != 0 for i in range(layers))
+        attn_scale = None
+        if a in GEMMA_27B_LAYERS:
+            attn_scale = (hidden / heads if layers == GEMMA_27B_LAYERS[a] else head_dim) ** -0.5
+
+        def cap(key: str) -> float | None:
+            value = self.field(f"{a}.{key}")
+            return None if value is None else real(value, f"{a}.{key}", source)
+
         return ModelConfig(
             model_type=ARCHITECTURES[a],
             vocab_size=vocab,
             hidden_size=hidden,
             intermediate_size=whole(need(f"{a}.feed_forward_length"), f"{a}.feed_forward_length", source),
-            num_layers=whole(need(f"{a}.block_count"), f"{a}.block_count", source, high=MAX_LAYERS),
+            num_layers=layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
@@ -161,6 +216,44 @@ class GGUFCheckpoint:
             eos_token_ids=token_ids(
                 self.field("tokenizer.ggml.eos_token_id"), "tokenizer.ggml.eos_token_id", source, vocab
             ),
+            sliding_window=whole(window, window_key, source, high=MAX_POSITIONS) if window else None,
+            activation="gelu_tanh" if a.startswith("gemma") else "silu",
+            attn_scale=attn_scale,
+            attn_softcap=cap("attn_logit_softcapping"),
+            final_softcap=cap("final_logit_softcapping"),
+            windowed_layers=windowed,
+            local_rope_theta=10000.0 if a == "gemma3" else None,
+            rotary_dim=rotary_dim,
+        )
+
+    def _longrope(self, dim: int) -> RopeScaling:
+        """Phi-3's longrope factors, stored as two f32 tensors of one factor per rotary pair."""
+        a, source = self.arch, str(self.path)
+        factors: dict[str, tuple[float, ...]] = {}
+        for which in ("long", "short"):
+            t = self._rope_factors.get(f"rope_factors_{which}.weight")
+            if t is None or list(t.dims) != [dim // 2] or t.type != 0:  # F32
+                raise ModelLoadError(
+                    f"{source}: rope_factors_{which}.weight must be an f32 vector of {dim // 2} factors (both "
+                    "long and short present)"
+                )
+            values = self.header.tensor_bytes(t, dim // 2 * 4, 1).view(np.float32).reshape(-1)
+            factors[which] = tuple(real(float(v), f"rope_factors_{which}", source) for v in values)
+        original_key = f"{a}.rope.scaling.original_context_length"
+        original = whole(self.field(original_key, 4096), original_key, source, high=MAX_POSITIONS)
+        context = whole(self.field(f"{a}.context_length", original), f"{a}.context_length", source, high=MAX_POSITIONS)
+        factor = context / original
+        attention_key = f"{a}.rope.scaling.attn_factor"
+        attention = self.field(attention_key)
+        if attention is None:
+            attention = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1.0 else 1.0
+        return RopeScaling(
+            "longrope",
+            factor=factor,
+            original_max_position=original,
+            short_factor=factors["short"],
+            long_factor=factors["long"],
+            attention_factor=real(attention, attention_key, source),
         )
 
     def load(self, names: list[str], progress: Callable[[int, int], None] | None = None) -> dict[str, torch.Tensor]:
@@ -211,9 +304,10 @@ class GGUFCheckpoint:
 
         return self.type_name(name) in TYPES
 
-    def stored(self, name: str) -> GgmlMatrix:
+    def stored(self, name: str, rows: tuple[int, int] | None = None) -> GgmlMatrix:
         """The matrix ``name`` in its stored type, read in place from the mapped file (Llama q/k rows
-        read in Hugging Face order): no copy, no dequantization."""
+        read in Hugging Face order): no copy, no dequantization. ``rows``: only rows ``lo .. hi`` (one
+        projection of a fused matrix)."""
         import warnings
 
         from torchburn_native.ggml import TYPES, lend
@@ -226,6 +320,11 @@ class GGUFCheckpoint:
                 f"stored are matrices of {', '.join(TYPES)} (pass another quant to convert)"
             )
         k, n = (int(d) for d in t.dims)
+        if rows is not None:
+            lo, hi = rows
+            if not 0 <= lo < hi <= n or self._permuted(name):
+                raise ModelLoadError(f"{self.path}: rows {lo}..{hi} of tensor {t.name} ({n} rows) cannot be lent")
+            raw, n = raw[lo:hi], hi - lo
         order = None
         if self._permuted(name):
             heads = self.config.num_heads if "q_proj" in name else self.config.num_kv_heads

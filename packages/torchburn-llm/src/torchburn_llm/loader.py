@@ -35,7 +35,8 @@ def load_folder(
     checkpoint = SafetensorsCheckpoint(folder)
     arch.check(cfg, checkpoint.shapes, str(folder))
     names = [n for n in checkpoint.shapes if n in arch.tensors(cfg) or n == "lm_head.weight"]
-    return arch, cfg, Transformer(arch, cfg, checkpoint.load(names, progress=progress), quant)
+    tensors = arch.shift_norms(arch.split_fused(cfg, checkpoint.load(names, progress=progress)))
+    return arch, cfg, Transformer(arch, cfg, tensors, quant)
 
 
 def load_gguf(
@@ -62,6 +63,12 @@ def load_gguf(
     arch = architecture_for(cfg.model_type)
     arch.check(cfg, checkpoint.shapes, str(path))
     packed: dict[str, Any] = {}
+    done: set[str] = set()  # matrices read as stored (a fused one under the names of its parts)
+    fused = arch.fused_parts(cfg)
+
+    def layer_part(name: str) -> str:
+        return name.split(".", 3)[-1] if name.startswith("model.layers.") else name
+
     if quant == STORED:
         matrices = [name for name, shape in checkpoint.shapes.items() if len(shape) == 2]
         others = [name for name in matrices if not checkpoint.computable_as_stored(name)]
@@ -74,16 +81,23 @@ def load_gguf(
             )
             matrices = [name for name in matrices if name not in others]
         for i, name in enumerate(matrices):
-            packed[name] = checkpoint.stored(name)
+            parts = fused.get(layer_part(name))
+            if parts is None:
+                packed[name] = checkpoint.stored(name)
+            else:  # each projection reads its rows of the fused matrix in place
+                prefix = name[: -len(layer_part(name))]
+                packed.update({prefix + part: checkpoint.stored(name, (lo, hi)) for part, lo, hi in parts})
+            done.add(name)
             if progress is not None:
                 progress(i + 1, len(matrices))
     elif quant == "int4":  # Q4_1 projections are our int4 grid already: kept as they are, no f32 round trip
         for name in checkpoint.shapes:
-            if name.startswith("model.layers.") and name.endswith("_proj.weight"):
+            if name.startswith("model.layers.") and name.endswith("_proj.weight") and layer_part(name) not in fused:
                 weights = checkpoint.q4_1_weights(name)
                 if weights is not None:
                     packed[name] = weights
-    rest = [n for n in checkpoint.shapes if n not in packed]
-    tensors = checkpoint.load(rest, progress=None if quant == STORED else progress)
+    done.update(packed)
+    rest = [n for n in checkpoint.shapes if n not in done]
+    tensors = arch.split_fused(cfg, checkpoint.load(rest, progress=None if quant == STORED else progress))
     model = Transformer(arch, cfg, tensors, quant, packed)
     return arch, cfg, model, (tok, template)

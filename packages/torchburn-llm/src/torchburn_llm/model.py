@@ -20,7 +20,7 @@ from .architectures import Architecture
 from .config import ModelConfig
 from .errors import ContextLengthError
 from .linear import STORED, Linear, project_many
-from .rope import RotaryTable, inverse_frequencies, rotate
+from .rope import RotaryTable, local_inverse_frequencies, rotate
 
 if TYPE_CHECKING:
     from torchburn_native.ggml import GgmlMatrix
@@ -65,6 +65,10 @@ class _Layer:
     gate: Linear
     up: Linear
     down: Linear
+    post_attn_norm: torch.Tensor | None  # [H] Gemma 2/3: the attention's output normed before the residual
+    post_mlp_norm: torch.Tensor | None  # and the MLP's
+    windowed: bool  # the sliding window limits this layer
+    local_rope: bool  # it rotates with the windowed layers' own table (Gemma 3)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -104,8 +108,12 @@ class Transformer:
             self.lm_head = Linear(head, None, head_quant)
         else:
             self.lm_head = Linear.from_stored(cast("GgmlMatrix", packed[head_name]), None)
-        self.inv_freq = inverse_frequencies(cfg)
-        self.rotary = RotaryTable(self.inv_freq)
+        self.rotary = RotaryTable.of(cfg)
+        self.inv_freq = self.rotary.inv_freq
+        local = local_inverse_frequencies(cfg)
+        self.local_rotary = None if local is None else RotaryTable(local)
+        # Gemma: √hidden, rounded to f32 as transformers rounds it to the weights' dtype
+        self.embed_scale = float(torch.tensor(cfg.hidden_size**0.5)) if arch.scaled_embedding else 1.0
         self.native_decode = True
         self.native_steps = 0  # decode steps run by the native decoder
         # quantized prompts run natively too; fp32 ones stay in tensor code, on PyTorch's BLAS
@@ -126,10 +134,11 @@ class Transformer:
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
             a, m = p + "self_attn.", p + "mlp."
+            windowed = cfg.windowed(i)
             self.layers.append(
                 _Layer(
                     tensors[p + "input_layernorm.weight"],
-                    tensors[p + "post_attention_layernorm.weight"],
+                    tensors[p + arch.mlp_norm],
                     linear(a + "q_proj"),
                     linear(a + "k_proj"),
                     linear(a + "v_proj"),
@@ -139,6 +148,10 @@ class Transformer:
                     linear(m + "gate_proj"),
                     linear(m + "up_proj"),
                     linear(m + "down_proj"),
+                    tensors[p + "post_attention_layernorm.weight"] if arch.sandwich_norms else None,
+                    tensors[p + "post_feedforward_layernorm.weight"] if arch.sandwich_norms else None,
+                    windowed,
+                    windowed and self.local_rotary is not None,
                 )
             )
 
@@ -171,24 +184,36 @@ class Transformer:
             return self._decode_step(int(ids[0]), cache)
         if t > 1 and self.native_prefill:
             return self._native_prefill(ids, cache, last_only)
+        eps = self.cfg.rms_eps
         positions = torch.arange(start, start + t)
-        cos, sin = self.rotary.rows(start, t)  # [T, D]
-        mask = self._mask(positions, start + t)  # [T, S]
-        x = self._embed_rows(ids)  # [T, H]
+        rotary = self._rotary_rows(start, t)  # (cos, sin) [T, R] of the main and the local table
+        masks = (self._mask(positions, start + t, False), self._mask(positions, start + t, True))  # [T, S] each
+        x = self._embed_rows(ids) * self.embed_scale  # [T, H]
         for li, layer in enumerate(self.layers):
-            x = x + self._attention(li, layer, rms_norm(x, layer.ln_attn, self.cfg.rms_eps), cos, sin, mask, cache)
-            x = x + self._mlp(layer, rms_norm(x, layer.ln_mlp, self.cfg.rms_eps))
+            cos, sin = rotary[layer.local_rope]
+            a = self._attention(li, layer, rms_norm(x, layer.ln_attn, eps), cos, sin, masks[layer.windowed], cache)
+            x = x + (a if layer.post_attn_norm is None else rms_norm(a, layer.post_attn_norm, eps))
+            m = self._mlp(layer, rms_norm(x, layer.ln_mlp, eps))
+            x = x + (m if layer.post_mlp_norm is None else rms_norm(m, layer.post_mlp_norm, eps))
         cache.length = start + t
         if last_only:
             x = x[-1:]
-        return self.lm_head(rms_norm(x, self.norm, self.cfg.rms_eps))  # [T, V]
+        logits = self.lm_head(rms_norm(x, self.norm, eps))  # [T, V]
+        cap = self.cfg.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def _rotary_rows(self, start: int, t: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """cos and sin rows [T, R] of positions ``start .. start + t``: the main table's, then the
+        windowed layers' own (the main one again where they have none)."""
+        main = self.rotary.rows(start, t)
+        return [main, main if self.local_rotary is None else self.local_rotary.rows(start, t)]
 
     def _decode_step(self, token: int, cache: KVCache) -> torch.Tensor:
         """Logits [1, V] of one token at the next position, in one native call."""
         pos = cache.length
-        cos, sin = self.rotary.rows(pos, 1)  # [1, D] each
+        (cos, sin), (local_cos, local_sin) = self._rotary_rows(pos, 1)  # [1, R] each
         logits = torch.empty(1, self.cfg.vocab_size)
-        self.native_decoder().step(token, pos, cache.keys, cache.values, cos, sin, logits)
+        self.native_decoder().step(token, pos, cache.keys, cache.values, cos, sin, logits, local_cos, local_sin)
         cache.length = pos + 1
         self.native_steps += 1
         return logits
@@ -196,9 +221,11 @@ class Transformer:
     def _native_prefill(self, ids: torch.Tensor, cache: KVCache, last_only: bool) -> torch.Tensor:
         """Logits of the prompt ``ids`` [T] (the last token's with ``last_only``) in one native call."""
         start, t = cache.length, int(ids.shape[0])
-        cos, sin = self.rotary.rows(start, t)  # [T, D] each
+        (cos, sin), (local_cos, local_sin) = self._rotary_rows(start, t)  # [T, R] each
         logits = torch.empty(1 if last_only else t, self.cfg.vocab_size)
-        self.native_decoder().prefill(ids.tolist(), start, cache.keys, cache.values, cos, sin, logits, not last_only)
+        self.native_decoder().prefill(
+            ids.tolist(), start, cache.keys, cache.values, cos, sin, logits, not last_only, local_cos, local_sin
+        )
         cache.length = start + t
         self.native_prefills += 1
         return logits
@@ -217,6 +244,12 @@ class Transformer:
                 vocab=cfg.vocab_size,
                 eps=float(cfg.rms_eps),
                 window=cfg.sliding_window,
+                rotary_dim=cfg.rotary_dim,
+                attn_scale=cfg.attn_scale,
+                attn_softcap=cfg.attn_softcap,
+                final_softcap=cfg.final_softcap,
+                embed_scale=self.embed_scale,
+                activation="gelu_tanh" if cfg.activation == "gelu_tanh" else "silu",
             )
             layers = [
                 Layer(
@@ -231,6 +264,10 @@ class Transformer:
                     down=w.down.projection(),
                     q_norm=w.q_norm,
                     k_norm=w.k_norm,
+                    post_attn_norm=w.post_attn_norm,
+                    post_mlp_norm=w.post_mlp_norm,
+                    windowed=w.windowed,
+                    local_rope=w.local_rope,
                 )
                 for w in self.layers
             ]
@@ -245,11 +282,12 @@ class Transformer:
 
         return torch.cat([dequantize(self.embed, slice(i, i + 1)) for i in ids.tolist()])
 
-    def _mask(self, positions: torch.Tensor, length: int) -> torch.Tensor:
-        """Additive mask [T, S]: a query sees keys at or before its position (within the window)."""
+    def _mask(self, positions: torch.Tensor, length: int, windowed: bool) -> torch.Tensor:
+        """Additive mask [T, S]: a query sees keys at or before its position (``windowed``: within the
+        sliding window, where the model has one)."""
         keys = torch.arange(length)[None, :]
         allowed = keys <= positions[:, None]
-        if self.cfg.sliding_window is not None:
+        if windowed and self.cfg.sliding_window is not None:
             allowed &= keys > positions[:, None] - self.cfg.sliding_window
         return torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
 
@@ -272,14 +310,19 @@ class Transformer:
         v = v.view(t, kvh, d).transpose(0, 1)
         if w.q_norm is not None and w.k_norm is not None:
             q, k = rms_norm(q, w.q_norm, cfg.rms_eps), rms_norm(k, w.k_norm, cfg.rms_eps)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        r = cfg.rotary_width  # the rest of each head passes unrotated
+        q = torch.cat((rotate(q[..., :r], cos, sin), q[..., r:]), dim=-1)
+        k = torch.cat((rotate(k[..., :r], cos, sin), k[..., r:]), dim=-1)
         start = cache.length
         cache.keys[li, :, start : start + t] = k
         cache.values[li, :, start : start + t] = v
         keys = cache.keys[li, :, : start + t]  # [KVH, S, D]
         values = cache.values[li, :, : start + t]
         q = q.reshape(kvh, group * t, d)  # queries of one KV head side by side: [KVH, G·T, D]
-        scores = (q @ keys.transpose(1, 2)) * d**-0.5  # [KVH, G·T, S]
+        scale = d**-0.5 if cfg.attn_scale is None else cfg.attn_scale
+        scores = (q @ keys.transpose(1, 2)) * scale  # [KVH, G·T, S]
+        if cfg.attn_softcap is not None:
+            scores = torch.tanh(scores / cfg.attn_softcap) * cfg.attn_softcap
         scores = scores.view(kvh, group, t, -1) + mask  # [KVH, G, T, S]
         out = torch.softmax(scores, dim=-1) @ values[:, None]  # [KVH, G, T, D]
         out = out.reshape(cfg.num_heads, t, d).transpose(0, 1).reshape(t, cfg.num_heads * d)  # [T, Hq·D]
@@ -287,4 +330,5 @@ class Transformer:
 
     def _mlp(self, w: _Layer, x: torch.Tensor) -> torch.Tensor:
         gate, up = project_many([w.gate, w.up], x)
-        return w.down(F.silu(gate) * up)
+        act = F.gelu(gate, approximate="tanh") if self.cfg.activation == "gelu_tanh" else F.silu(gate)
+        return w.down(act * up)

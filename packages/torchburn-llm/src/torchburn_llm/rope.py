@@ -9,11 +9,19 @@ import torch
 from .config import ModelConfig
 
 
-def inverse_frequencies(cfg: ModelConfig) -> torch.Tensor:
-    """[head_dim / 2] rotation rates, rescaled as the config's ``rope_scaling`` says."""
-    d = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+def _exponents(d: int) -> torch.Tensor:
+    return torch.arange(0, d, 2, dtype=torch.int64).float() / d  # [d / 2]
+
+
+def inverse_frequencies(cfg: ModelConfig, long: bool = False) -> torch.Tensor:
+    """[rotary width / 2] rotation rates, rescaled as the config's ``rope_scaling`` says (``long``: the
+    longrope factors for contexts past the original length)."""
+    d = cfg.rotary_width
     s = cfg.rope_scaling
+    if s.kind == "longrope":
+        factors = torch.tensor(s.long_factor if long else s.short_factor, dtype=torch.float32)
+        return 1.0 / (factors * cfg.rope_theta ** _exponents(d))
+    inv = 1.0 / (cfg.rope_theta ** _exponents(d))
     if s.kind == "linear":
         return inv / s.factor
     if s.kind == "llama3":
@@ -29,27 +37,66 @@ def inverse_frequencies(cfg: ModelConfig) -> torch.Tensor:
     return inv
 
 
-def cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables [T, head_dim] for integer ``positions`` [T]."""
+def local_inverse_frequencies(cfg: ModelConfig) -> torch.Tensor | None:
+    """The rates of the windowed layers where they rotate at their own base (Gemma 3), unscaled."""
+    if cfg.local_rope_theta is None:
+        return None
+    return 1.0 / (cfg.local_rope_theta ** _exponents(cfg.rotary_width))
+
+
+def cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables [T, D] for integer ``positions`` [T], times ``scale`` (longrope's)."""
     angles = positions.float()[:, None] * inv_freq[None, :]  # [T, D/2]
     emb = torch.cat((angles, angles), dim=-1)  # [T, D]
-    return emb.cos(), emb.sin()
+    if scale == 1.0:
+        return emb.cos(), emb.sin()
+    return emb.cos() * scale, emb.sin() * scale
 
 
 class RotaryTable:
     """cos and sin rows of every position used so far, computed once: a decode step then reads its row
     instead of running four torch operations (a tenth of a millisecond in a few-millisecond step). The
-    table grows by doubling; its rows equal :func:`cos_sin`'s exactly (the same elementwise math)."""
+    table grows by doubling; its rows equal :func:`cos_sin`'s exactly (the same elementwise math).
 
-    def __init__(self, inv_freq: torch.Tensor) -> None:
-        self.inv_freq = inv_freq
-        self.cos, self.sin = cos_sin(inv_freq, torch.arange(0))  # [N, D] each
+    With ``long`` (longrope's rates and the original context length), a call whose positions reach
+    past that length reads rows made with the long rates, as ``transformers`` switches per forward
+    pass; positions cached before keep the rotation they were stored with."""
+
+    def __init__(
+        self, inv_freq: torch.Tensor, scale: float = 1.0, long: tuple[torch.Tensor, int] | None = None
+    ) -> None:
+        self.scale = scale
+        self._tables = [_Rows(inv_freq, scale)] + ([_Rows(long[0], scale)] if long else [])
+        self._switch = long[1] if long else None
+
+    @staticmethod
+    def of(cfg: ModelConfig) -> RotaryTable:
+        s = cfg.rope_scaling
+        if s.kind == "longrope":
+            long = (inverse_frequencies(cfg, long=True), s.original_max_position)
+            return RotaryTable(inverse_frequencies(cfg), s.attention_factor, long)
+        return RotaryTable(inverse_frequencies(cfg))
+
+    @property
+    def inv_freq(self) -> torch.Tensor:
+        return self._tables[0].inv_freq
 
     def rows(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Contiguous cos and sin [count, D] of positions ``start .. start + count``."""
         end = start + count
+        table = self._tables[1 if self._switch is not None and end > self._switch else 0]
+        return table.rows(start, end)
+
+
+class _Rows:
+    def __init__(self, inv_freq: torch.Tensor, scale: float) -> None:
+        self.inv_freq, self.scale = inv_freq, scale
+        self.cos, self.sin = cos_sin(inv_freq, torch.arange(0), scale)  # [N, D] each
+
+    def rows(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         if end > self.cos.shape[0]:
-            self.cos, self.sin = cos_sin(self.inv_freq, torch.arange(max(end, 2 * self.cos.shape[0], 256)))
+            positions = torch.arange(max(end, 2 * self.cos.shape[0], 256))
+            self.cos, self.sin = cos_sin(self.inv_freq, positions, self.scale)
         return self.cos[start:end], self.sin[start:end]
 
 

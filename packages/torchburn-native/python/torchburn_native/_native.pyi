@@ -90,17 +90,45 @@ class Decoder:
     def __init__(
         self,
         dims: tuple[int, int, int, int, int, float, int | None],
+        # rotary width, attention scale, attention and final logit caps, embedding scale, activation
+        switches: tuple[int, float, float | None, float | None, float, str],
         embed: int | GgmlMatrix,
         norm: int,
         head: Projection,
+        # norms (attention, MLP, q, k), q k v o gate up down, post-norms (attention, MLP), windowed,
+        # rotary table (0, 1)
         layers: list[
             tuple[
-                int, int, int, int, Projection, Projection, Projection, Projection, Projection, Projection, Projection
+                int,
+                int,
+                int,
+                int,
+                Projection,
+                Projection,
+                Projection,
+                Projection,
+                Projection,
+                Projection,
+                Projection,
+                int,
+                int,
+                bool,
+                int,
             ]
         ],
     ) -> None: ...
     def step(
-        self, token: int, pos: int, keys: int, values: int, capacity: int, cos: int, sin: int, logits: int
+        self,
+        token: int,
+        pos: int,
+        keys: int,
+        values: int,
+        capacity: int,
+        cos: int,
+        sin: int,
+        logits: int,
+        local_cos: int = 0,
+        local_sin: int = 0,
     ) -> None: ...
     def prefill(
         self,
@@ -113,6 +141,8 @@ class Decoder:
         sin: int,
         logits: int,
         all_logits: bool,
+        local_cos: int = 0,
+        local_sin: int = 0,
     ) -> None: ...
     @property
     def num_layers(self) -> int: ...

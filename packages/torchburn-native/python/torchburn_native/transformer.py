@@ -8,7 +8,10 @@ one most open-weight decoders share: RMSNorm before attention and before the MLP
 with optional biases and an optional per-head q/k RMSNorm; rotary embeddings from cos/sin rows the
 caller computes (so rope scaling stays the caller's); grouped-query attention over the cache,
 optionally within a sliding window; the output projection; a SiLU-gated MLP; a final norm and the
-output projection to the logits. An architecture maps onto it as data, on the runtime's side.
+output projection to the logits. An architecture maps onto it as data, on the runtime's side, and the
+switches of :class:`Dims` and :class:`Layer` cover the families that differ from it: a tanh-GELU
+gate, another attention scale, logit caps, norms after attention and the MLP, windowed and global
+layers with a rotary table each, partial rotation, a scaled embedding.
 
 Tensors cross as data pointers, without copies. A decoder holds the tensors it was built from (as
 contiguous f32 CPU tensors, converted once where they are not) for as long as it lives; every call
@@ -31,6 +34,9 @@ from ._native import GgmlMatrix, QMatrix
 from ._native import matmul_many as _matmul_many
 
 QuantKind = Literal["int8", "int8-blocks", "int4", "bf16"]
+Activation = Literal["silu", "gelu_tanh"]
+"""The gated MLP's activation: ``down(act(gate) * up)``; ``gelu_tanh`` is ``gelu(approximate="tanh")``."""
+
 """How a :class:`QMatrix` stores its rows: int8 with a scale per row, int8 in blocks of 32 with a
 scale each, int4 in blocks of 32 with a scale and an offset each, or bf16."""
 
@@ -108,7 +114,17 @@ class Dims:
     head_dim: int
     vocab: int
     eps: float  # RMSNorm's
-    window: int | None = None  # keys older than this many positions are not attended to
+    window: int | None = None  # keys older than this many positions are not attended to (windowed layers)
+    rotary_dim: int | None = None  # the first this many elements of each head are rotated (all: None)
+    attn_scale: float | None = None  # scores are q·k times this (None: 1/sqrt(head_dim))
+    attn_softcap: float | None = None  # scores become cap·tanh(s/cap) before the softmax
+    final_softcap: float | None = None  # and the logits too
+    embed_scale: float = 1.0  # embedding rows are multiplied by this
+    activation: Activation = "silu"
+
+    @property
+    def rotary_width(self) -> int:
+        return self.head_dim if self.rotary_dim is None else self.rotary_dim
 
 
 @dataclass(frozen=True)
@@ -135,6 +151,10 @@ class Layer:
     down: Projection
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
+    post_attn_norm: torch.Tensor | None = None  # [hidden]: the attention's output normalized before the residual
+    post_mlp_norm: torch.Tensor | None = None  # and the MLP's
+    windowed: bool = True  # whether ``Dims.window`` applies to this layer
+    local_rope: bool = False  # whether it reads the second rotary table (``local_cos`` / ``local_sin``)
 
 
 class Decoder:
@@ -143,7 +163,8 @@ class Decoder:
 
     Each call reads and writes the caller's KV cache, ``keys`` and ``values`` f32
     [layers, kv_heads, capacity, head_dim], at the positions it runs; ``cos`` and ``sin`` hold those
-    positions' rotary rows, f32 [T, head_dim]."""
+    positions' rotary rows, f32 [T, rotary width], and ``local_cos`` / ``local_sin`` those of the layers
+    marked ``local_rope`` where they differ."""
 
     def __init__(
         self,
@@ -172,11 +193,17 @@ class Decoder:
                 self._projection(layer.gate),
                 self._projection(layer.up),
                 self._projection(layer.down),
+                self._address(layer.post_attn_norm, d.hidden, "a post-attention norm"),
+                self._address(layer.post_mlp_norm, d.hidden, "a post-MLP norm"),
+                layer.windowed,
+                int(layer.local_rope),
             )
             for layer in layers
         ]
+        scale = d.head_dim**-0.5 if d.attn_scale is None else d.attn_scale
         self._native = _NativeDecoder(
             (d.hidden, d.heads, d.kv_heads, d.head_dim, d.vocab, float(d.eps), d.window),
+            (d.rotary_width, float(scale), d.attn_softcap, d.final_softcap, float(d.embed_scale), d.activation),
             embed if isinstance(embed, GgmlMatrix) else self._address(embed, d.vocab * d.hidden, "the embedding"),
             self._address(norm, d.hidden, "the final norm"),
             self._projection(head),
@@ -197,11 +224,13 @@ class Decoder:
         cos: torch.Tensor,
         sin: torch.Tensor,
         logits: torch.Tensor,
+        local_cos: torch.Tensor | None = None,
+        local_sin: torch.Tensor | None = None,
     ) -> None:
         """Run ``token`` at position ``pos`` (the cache holds ``0..pos``): its keys and values go to the
         cache, its logits (f32 [vocab], any shape of that size) to ``logits``."""
-        io = self._buffers(keys, values, cos, sin, logits, 1, 1)
-        self._native.step(token, pos, *io)
+        io = self._buffers(keys, values, (cos, sin, local_cos, local_sin), logits, 1, 1)
+        self._native.step(token, pos, *io[:6], *io[6:])
 
     def prefill(
         self,
@@ -213,13 +242,15 @@ class Decoder:
         sin: torch.Tensor,
         logits: torch.Tensor,
         all_logits: bool = False,
+        local_cos: torch.Tensor | None = None,
+        local_sin: torch.Tensor | None = None,
     ) -> None:
         """Run the prompt ``tokens`` at positions ``start .. start + T`` (the cache holds ``0..start``):
         their keys and values go to the cache, the last token's logits (f32 [vocab]) or, with
         ``all_logits``, every token's (f32 [T, vocab]) to ``logits``."""
         t = len(tokens)
-        io = self._buffers(keys, values, cos, sin, logits, t, t if all_logits else 1)
-        self._native.prefill(list(tokens), start, *io, all_logits)
+        io = self._buffers(keys, values, (cos, sin, local_cos, local_sin), logits, t, t if all_logits else 1)
+        self._native.prefill(list(tokens), start, *io[:6], all_logits, *io[6:])
 
     def _address(self, t: torch.Tensor | None, numel: int, what: str) -> int:
         """The address of ``t`` as contiguous f32 (0 for None), the tensor behind it kept alive."""
@@ -248,14 +279,14 @@ class Decoder:
         self,
         keys: torch.Tensor,
         values: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None],
         logits: torch.Tensor,
         rows: int,
         logit_rows: int,
-    ) -> tuple[int, int, int, int, int, int]:
-        """``(keys, values, capacity, cos, sin, logits)`` as the native calls take them, each buffer
-        checked to be a contiguous f32 CPU tensor of the size the call reads or writes."""
+    ) -> tuple[int, int, int, int, int, int, int, int]:
+        """``(keys, values, capacity, cos, sin, logits, local_cos, local_sin)`` as the native calls take
+        them (0 for a second table not given), each buffer checked to be a contiguous f32 CPU tensor of
+        the size the call reads or writes."""
         d = self.dims
         f32 = torch.float32
         shape = keys.shape
@@ -267,10 +298,17 @@ class Decoder:
                     f"the KV cache's {what} must be contiguous f32 CPU tensors [layers, kv_heads, capacity, "
                     f"head_dim] = {cache}, got {t.dtype} {tuple(t.shape)} on {t.device}"
                 )
-        for t, what in ((cos, "cos"), (sin, "sin")):
-            if t.numel() != rows * d.head_dim or t.dtype is not f32 or not t.is_cpu or not t.is_contiguous():
+        cos, sin, local_cos, local_sin = tables
+        if (local_cos is None) != (local_sin is None):
+            raise ValueError("the second rotary table needs both local_cos and local_sin")
+        width = d.rotary_width
+        given = [
+            (t, what) for t, what in zip(tables, ("cos", "sin", "local cos", "local sin"), strict=True) if t is not None
+        ]
+        for t, what in given:
+            if t.numel() != rows * width or t.dtype is not f32 or not t.is_cpu or not t.is_contiguous():
                 raise ValueError(
-                    f"the rotary {what} rows must be a contiguous f32 CPU tensor of {rows}x{d.head_dim} "
+                    f"the rotary {what} rows must be a contiguous f32 CPU tensor of {rows}x{width} "
                     f"values, got {t.dtype} {tuple(t.shape)} on {t.device}"
                 )
         if (
@@ -283,10 +321,12 @@ class Decoder:
                 f"logits must be a contiguous f32 CPU tensor of {logit_rows}x{d.vocab} values, "
                 f"got {logits.dtype} {tuple(logits.shape)} on {logits.device}"
             )
-        return keys.data_ptr(), values.data_ptr(), capacity, cos.data_ptr(), sin.data_ptr(), logits.data_ptr()
+        local = (0, 0) if local_cos is None or local_sin is None else (local_cos.data_ptr(), local_sin.data_ptr())
+        return (keys.data_ptr(), values.data_ptr(), capacity, cos.data_ptr(), sin.data_ptr(), logits.data_ptr(), *local)
 
 
 __all__ = [
+    "Activation",
     "Decoder",
     "Dims",
     "Layer",

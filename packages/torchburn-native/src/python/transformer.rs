@@ -97,31 +97,42 @@ struct IoAddresses {
     keys: usize,
     values: usize,
     capacity: usize,
-    cos: usize,
-    sin: usize,
+    cos: [usize; 2],
+    sin: [usize; 2],
     logits: usize,
 }
 
 impl IoAddresses {
+    /// `tables`: the main rotary table's cos and sin, then the windowed layers' (0, 0: the main one).
     fn new(
         keys: usize,
         values: usize,
         capacity: usize,
-        cos: usize,
-        sin: usize,
+        tables: [usize; 4],
         logits: usize,
     ) -> PyResult<Self> {
+        let [cos, sin, local_cos, local_sin] = tables;
         if [keys, values, cos, sin, logits].contains(&0) {
             return Err(PyValueError::new_err(
                 "the KV cache, rotary table and logits buffers must be non-null",
             ));
         }
+        if (local_cos == 0) != (local_sin == 0) {
+            return Err(PyValueError::new_err(
+                "the second rotary table needs both its cos and its sin",
+            ));
+        }
+        let (local_cos, local_sin) = if local_cos == 0 {
+            (cos, sin)
+        } else {
+            (local_cos, local_sin)
+        };
         Ok(IoAddresses {
             keys,
             values,
             capacity,
-            cos,
-            sin,
+            cos: [cos, local_cos],
+            sin: [sin, local_sin],
             logits,
         })
     }
@@ -131,12 +142,16 @@ impl IoAddresses {
             keys: self.keys as *mut f32,
             values: self.values as *mut f32,
             capacity: self.capacity,
-            cos: self.cos as *const f32,
-            sin: self.sin as *const f32,
+            cos: self.cos.map(|a| a as *const f32),
+            sin: self.sin.map(|a| a as *const f32),
             logits: self.logits as *mut f32,
         }
     }
 }
+
+/// The model-wide switches after the sizes: rotary width, attention scale, attention and final logit
+/// caps, embedding scale, activation name.
+type Switches = (usize, f32, Option<f32>, Option<f32>, f32, String);
 
 /// A projection of the decoder from Python: `(weight, bias address or 0)`, the weight a [`QMatrix`]
 /// or `(address, n, k)` of a row-major f32 matrix.
@@ -181,12 +196,24 @@ impl Decoder {
     #[allow(clippy::type_complexity)]
     fn new(
         dims: (usize, usize, usize, usize, usize, f32, Option<usize>),
+        switches: Switches,
         embed: &Bound<'_, PyAny>,
         norm: usize,
         head: &Bound<'_, PyAny>,
         layers: Vec<Bound<'_, PyTuple>>,
     ) -> PyResult<Self> {
         let (hidden, heads, kv_heads, head_dim, vocab, eps, window) = dims;
+        let (rotary_dim, attn_scale, attn_softcap, final_softcap, embed_scale, activation) =
+            switches;
+        let activation = match activation.as_str() {
+            "silu" => transformer::Activation::Silu,
+            "gelu_tanh" => transformer::Activation::GeluTanh,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "activation {other:?} is not one of \"silu\", \"gelu_tanh\""
+                )))
+            }
+        };
         let nonzero = |a: usize, what: &str| {
             if a == 0 {
                 Err(PyValueError::new_err(format!("the {what} address is null")))
@@ -196,9 +223,9 @@ impl Decoder {
         };
         let mut parsed = Vec::with_capacity(layers.len());
         for l in &layers {
-            if l.len() != 11 {
+            if l.len() != 15 {
                 return Err(PyValueError::new_err(format!(
-                    "a decoder layer is 11 entries, got {}",
+                    "a decoder layer is 15 entries, got {}",
                     l.len()
                 )));
             }
@@ -216,6 +243,10 @@ impl Decoder {
                 gate: proj(8)?,
                 up: proj(9)?,
                 down: proj(10)?,
+                post_attn_norm: Some(addr(11)?).filter(|&a| a != 0),
+                post_mlp_norm: Some(addr(12)?).filter(|&a| a != 0),
+                windowed: l.get_item(13)?.extract()?,
+                rope: addr(14)?,
             });
         }
         let inner = transformer::Decoder {
@@ -227,6 +258,12 @@ impl Decoder {
                 vocab,
                 eps,
                 window,
+                rotary_dim,
+                attn_scale,
+                attn_softcap,
+                final_softcap,
+                embed_scale,
+                activation,
             },
             embed: match embed.extract::<Py<GgmlMatrix>>() {
                 Ok(m) => transformer::Embedding::Ggml(m.get().inner.clone()),
@@ -244,6 +281,7 @@ impl Decoder {
     /// `[layers, kv_heads, capacity, head_dim]` at `keys` / `values`), its logits (`vocab` f32) to
     /// `logits`; `cos` / `sin` hold the position's rotary tables (`head_dim` f32 each).
     #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (token, pos, keys, values, capacity, cos, sin, logits, local_cos=0, local_sin=0))]
     fn step(
         &self,
         py: Python<'_>,
@@ -255,6 +293,8 @@ impl Decoder {
         cos: usize,
         sin: usize,
         logits: usize,
+        local_cos: usize,
+        local_sin: usize,
     ) -> PyResult<()> {
         let d = self.inner.dims;
         if token >= d.vocab {
@@ -268,7 +308,13 @@ impl Decoder {
                 "position {pos} is out of bounds for a KV cache of {capacity} positions"
             )));
         }
-        let io = IoAddresses::new(keys, values, capacity, cos, sin, logits)?;
+        let io = IoAddresses::new(
+            keys,
+            values,
+            capacity,
+            [cos, sin, local_cos, local_sin],
+            logits,
+        )?;
         // SAFETY: the caller passes live buffers of the documented sizes; the weights' owner keeps
         // them alive (see the class docs)
         py.detach(move || unsafe { self.inner.step(token, pos, &io.get()) });
@@ -276,10 +322,11 @@ impl Decoder {
     }
 
     /// Runs the prompt `tokens` at positions `start..start + T`: their keys and values go to the caches
-    /// (as in [`Decoder::step`]), `cos` / `sin` hold the positions' rotary tables (`[T, head_dim]`
+    /// (as in [`Decoder::step`]), `cos` / `sin` hold the positions' rotary tables (`[T, rotary_dim]`
     /// f32 each), and `logits` receives the last token's logits (`vocab` f32), or every token's
     /// (`[T, vocab]`) with `all_logits`.
     #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (tokens, start, keys, values, capacity, cos, sin, logits, all_logits, local_cos=0, local_sin=0))]
     fn prefill(
         &self,
         py: Python<'_>,
@@ -292,6 +339,8 @@ impl Decoder {
         sin: usize,
         logits: usize,
         all_logits: bool,
+        local_cos: usize,
+        local_sin: usize,
     ) -> PyResult<()> {
         let d = self.inner.dims;
         if let Some(bad) = tokens.iter().find(|&&t| t >= d.vocab) {
@@ -306,7 +355,13 @@ impl Decoder {
                 start.saturating_add(tokens.len())
             )));
         }
-        let io = IoAddresses::new(keys, values, capacity, cos, sin, logits)?;
+        let io = IoAddresses::new(
+            keys,
+            values,
+            capacity,
+            [cos, sin, local_cos, local_sin],
+            logits,
+        )?;
         // SAFETY: as in `step`
         py.detach(move || unsafe { self.inner.prefill(&tokens, start, &io.get(), all_logits) });
         Ok(())

@@ -2,6 +2,11 @@
 //! (RMSNorm, q/k/v projections with optional bias and q/k RMSNorm, rotary embedding, the KV cache
 //! append, attention over the cache, output projection, the gated MLP) to the logits.
 //!
+//! The switches that tell the families apart are data: the MLP's activation (SiLU or tanh-GELU), the
+//! attention's scale and logit cap, norms after attention and after the MLP (Gemma 2/3), a window
+//! per layer, a second rotary table for windowed layers (Gemma 3), rotation of only the first part of
+//! each head (Phi-4-mini), the embedding's scale and the logits' cap.
+//!
 //! The Python side describes the model (sizes, weights, norms) once; each step then costs one foreign
 //! call instead of a few hundred torch operations and matrix calls, each with its own dispatch and
 //! thread-pool wake-up. Projections that read the same input (q/k/v; gate/up) share one parallel job
@@ -16,7 +21,7 @@ use std::sync::Arc;
 use torchburn_native_macros::isa_versions;
 
 use crate::kernels::ggml::{acts as ggml_acts, GgmlMatrix};
-use crate::kernels::math::exp_f32;
+use crate::kernels::math::{exp_f32, gelu_tanh_f32, tanh_f32};
 use crate::kernels::quant::{quantize_acts, ActFormat, QActs, QMatrix};
 use crate::threads;
 
@@ -62,6 +67,15 @@ impl Projection {
 pub struct Layer {
     pub ln_attn: usize,
     pub ln_mlp: usize,
+    /// RMSNorm of the attention's and the MLP's outputs before they join the residual (Gemma 2/3)
+    pub post_attn_norm: Option<usize>,
+    pub post_mlp_norm: Option<usize>,
+    /// whether [`Dims::window`] limits this layer's attention (every layer's, unless a family
+    /// alternates windowed and global layers)
+    pub windowed: bool,
+    /// which of the caller's rotary tables this layer reads (0: the main one, 1: the windowed
+    /// layers' own, see [`CacheIo`])
+    pub rope: usize,
     /// `[head_dim]` weights of the per-head q/k RMSNorm (Qwen3)
     pub q_norm: Option<usize>,
     pub k_norm: Option<usize>,
@@ -83,8 +97,38 @@ pub struct Dims {
     pub head_dim: usize,
     pub vocab: usize,
     pub eps: f32,
-    /// keys older than this many positions are not attended to (Mistral)
+    /// keys older than this many positions are not attended to, in the layers marked windowed
     pub window: Option<usize>,
+    /// the first this many elements of each head are rotated (pairs `i`, `i + rotary_dim / 2`); the
+    /// rest pass unchanged
+    pub rotary_dim: usize,
+    /// attention scores are `q·k · attn_scale` (`1/√head_dim` in most families)
+    pub attn_scale: f32,
+    /// scores pass through `cap · tanh(s / cap)` before the softmax (Gemma 2)
+    pub attn_softcap: Option<f32>,
+    /// the logits too (Gemma 2)
+    pub final_softcap: Option<f32>,
+    /// the embedding rows are multiplied by this (`√hidden` in Gemma)
+    pub embed_scale: f32,
+    pub activation: Activation,
+}
+
+/// The gated MLP's activation: `down(act(gate) · up)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    /// PyTorch's `gelu(approximate="tanh")`
+    GeluTanh,
+}
+
+impl Activation {
+    /// `g = act(g) · u`.
+    pub(crate) fn gate_into(self, g: &mut [f32], u: &[f32]) {
+        match self {
+            Activation::Silu => silu_mul(g, u),
+            Activation::GeluTanh => gelu_tanh_mul(g, u),
+        }
+    }
 }
 
 /// The token embedding `[vocab, hidden]`: f32 at an address, or a GGUF matrix whose rows are
@@ -127,14 +171,15 @@ pub struct Decoder {
 }
 
 /// Where a call reads and writes: the KV cache `[layers, kv_heads, capacity, head_dim]` (keys and
-/// values), the rotary tables of the positions it runs (`[T, head_dim]` each; one row for a step) and
-/// the logits (`vocab` per token they are asked for).
+/// values), the rotary tables of the positions it runs (`[T, rotary_dim]` each; one row for a step;
+/// `[0]` the main table, `[1]` the one layers with `rope == 1` read, which may be the same) and the
+/// logits (`vocab` per token they are asked for).
 pub struct CacheIo {
     pub keys: *mut f32,
     pub values: *mut f32,
     pub capacity: usize,
-    pub cos: *const f32,
-    pub sin: *const f32,
+    pub cos: [*const f32; 2],
+    pub sin: [*const f32; 2],
     pub logits: *mut f32,
 }
 
@@ -152,6 +197,28 @@ impl Decoder {
         if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) || head_dim % 2 != 0 {
             return Err(format!(
                 "{heads} heads over {kv_heads} KV heads of size {head_dim} is not a valid attention shape"
+            ));
+        }
+        let rd = self.dims.rotary_dim;
+        if rd == 0 || !rd.is_multiple_of(2) || rd > head_dim {
+            return Err(format!(
+                "a rotary width of {rd} does not fit heads of {head_dim} (it must be even, 2..={head_dim})"
+            ));
+        }
+        for cap in [self.dims.attn_softcap, self.dims.final_softcap]
+            .into_iter()
+            .flatten()
+        {
+            if !(cap.is_finite() && cap > 0.0) {
+                return Err(format!(
+                    "a logit cap must be positive and finite, got {cap}"
+                ));
+            }
+        }
+        if let Some(l) = self.layers.iter().position(|l| l.rope > 1) {
+            return Err(format!(
+                "layer {l} names rotary table {}; there are two (0, 1)",
+                self.layers[l].rope
             ));
         }
         let check = |what: &str, p: &Projection, n: usize, k: usize| {
@@ -203,16 +270,18 @@ impl Decoder {
         let inter = self.layers.first().map_or(0, |l| l.gate.n());
         let mut x = vec![0f32; d.hidden];
         self.embed.row_into(token, d.vocab, &mut x);
+        scale_in_place(&mut x, d.embed_scale);
         let mut h = vec![0f32; d.hidden];
         let mut qkv = vec![0f32; q_len + 2 * kv_len];
         let mut att = vec![0f32; q_len];
         let mut proj = vec![0f32; d.hidden];
         let mut gate_up = vec![0f32; 2 * inter];
         let mut scores = vec![0f32; pos + 1];
-        let cos = std::slice::from_raw_parts(io.cos, hd);
-        let sin = std::slice::from_raw_parts(io.sin, hd);
+        let rd = d.rotary_dim;
         let layer_stride = kvh * io.capacity * hd;
         for (li, l) in self.layers.iter().enumerate() {
+            let cos = std::slice::from_raw_parts(io.cos[l.rope], rd);
+            let sin = std::slice::from_raw_parts(io.sin[l.rope], rd);
             // attention
             rms_norm(&x, slice(l.ln_attn, d.hidden), d.eps, &mut h);
             project(&[&l.q, &l.k, &l.v], &h, &mut qkv);
@@ -223,7 +292,7 @@ impl Decoder {
                     if let Some(w) = norm {
                         rms_norm_in_place(head, slice(w, hd), d.eps);
                     }
-                    rotate(head, cos, sin);
+                    rotate(&mut head[..rd], cos, sin);
                 }
             }
             let keys = io.keys.add(li * layer_stride);
@@ -233,12 +302,14 @@ impl Decoder {
                 std::ptr::copy_nonoverlapping(k[g * hd..].as_ptr(), keys.add(at), hd);
                 std::ptr::copy_nonoverlapping(v[g * hd..].as_ptr(), values.add(at), hd);
             }
-            let first = d.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+            let window = d.window.filter(|_| l.windowed);
+            let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
             let group = d.heads / kvh;
             let seen = pos + 1 - first;
             let (q, att_out) = (&*q, threads::SendPtr(att.as_mut_ptr()));
             let (keys, values) = (threads::SendPtr(keys), threads::SendPtr(values));
             let capacity = io.capacity;
+            let scoring = Scoring::of(&d);
             let head = |hi: usize, scores: &mut [f32]| {
                 let g = hi / group;
                 let at = (g * capacity + first) * hd;
@@ -251,7 +322,7 @@ impl Decoder {
                         std::slice::from_raw_parts_mut(att_out.get().add(hi * hd), hd),
                     )
                 };
-                attend(&q[hi * hd..][..hd], kc, vc, scores, out);
+                attend(&q[hi * hd..][..hd], kc, vc, &scoring, scores, out);
             };
             // heads in parallel once the context makes them worth waking the pool
             if seen * d.heads >= PARALLEL_ATTENTION_MIN {
@@ -262,18 +333,27 @@ impl Decoder {
                 }
             }
             project(&[&l.o], &att, &mut proj);
+            if let Some(w) = l.post_attn_norm {
+                rms_norm_in_place(&mut proj, slice(w, d.hidden), d.eps);
+            }
             add_into(&mut x, &proj);
             // MLP
             rms_norm(&x, slice(l.ln_mlp, d.hidden), d.eps, &mut h);
             project(&[&l.gate, &l.up], &h, &mut gate_up);
             let (g, u) = gate_up.split_at_mut(inter);
-            silu_mul(g, u);
+            d.activation.gate_into(g, u);
             project(&[&l.down], g, &mut proj);
+            if let Some(w) = l.post_mlp_norm {
+                rms_norm_in_place(&mut proj, slice(w, d.hidden), d.eps);
+            }
             add_into(&mut x, &proj);
         }
         rms_norm(&x, slice(self.norm, d.hidden), d.eps, &mut h);
         let logits = std::slice::from_raw_parts_mut(io.logits, d.vocab);
         project(&[&self.head], &h, logits);
+        if let Some(cap) = d.final_softcap {
+            soft_cap(logits, cap);
+        }
     }
 }
 
@@ -364,11 +444,34 @@ pub(crate) fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32]) {
 /// Heads × cached positions below which a step's attention stays on the calling thread.
 const PARALLEL_ATTENTION_MIN: usize = 512;
 
-/// One query over `n` cached keys/values (`n × D` each): softmax(q·K / √D) · V into `out`.
+/// How attention scores are made from `q·k`: scaled, then capped if the family caps them.
+#[derive(Clone, Copy)]
+pub(crate) struct Scoring {
+    pub scale: f32,
+    pub softcap: Option<f32>,
+}
+
+impl Scoring {
+    pub(crate) fn of(d: &Dims) -> Scoring {
+        Scoring {
+            scale: d.attn_scale,
+            softcap: d.attn_softcap,
+        }
+    }
+}
+
+/// One query over `n` cached keys/values (`n × D` each): softmax(cap(q·K · scale)) · V into `out`.
 #[isa_versions]
-fn attend(q: &[f32], keys: &[f32], values: &[f32], scores: &mut [f32], out: &mut [f32]) {
+fn attend(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    scoring: &Scoring,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
     let hd = q.len();
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = scoring.scale;
     let simd = avx512_rows(hd);
     if simd {
         // SAFETY: `avx512_rows` checked the CPU; `keys` holds `scores.len()` rows of `hd`
@@ -380,6 +483,9 @@ fn attend(q: &[f32], keys: &[f32], values: &[f32], scores: &mut [f32], out: &mut
         for (s, k) in scores.iter_mut().zip(keys.chunks_exact(hd)) {
             *s = dot16(q, k) * scale;
         }
+    }
+    if let Some(cap) = scoring.softcap {
+        soft_cap(scores, cap);
     }
     let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
     // exp in a loop of its own, so that it vectorizes; the sum after it
@@ -485,6 +591,31 @@ unsafe fn weighted_values_avx512(probs: &[f32], values: &[f32], out: &mut [f32])
 pub(crate) fn add_into(x: &mut [f32], y: &[f32]) {
     for (a, &b) in x.iter_mut().zip(y) {
         *a += b;
+    }
+}
+
+/// `x = cap · tanh(x / cap)`, in that order of operations (as `transformers` computes it).
+#[isa_versions]
+pub(crate) fn soft_cap(x: &mut [f32], cap: f32) {
+    for v in x.iter_mut() {
+        *v = tanh_f32(*v / cap) * cap;
+    }
+}
+
+/// `x *= s` (nothing to do for 1).
+pub(crate) fn scale_in_place(x: &mut [f32], s: f32) {
+    if s != 1.0 {
+        for v in x.iter_mut() {
+            *v *= s;
+        }
+    }
+}
+
+/// `g = gelu_tanh(g) · u`.
+#[isa_versions]
+pub(crate) fn gelu_tanh_mul(g: &mut [f32], u: &[f32]) {
+    for (a, &b) in g.iter_mut().zip(u) {
+        *a = gelu_tanh_f32(*a) * b;
     }
 }
 
@@ -602,6 +733,61 @@ mod tests {
     }
 
     #[test]
+    fn gelu_tanh_mul_is_pytorchs_tanh_gelu_times_u() {
+        let mut g: Vec<f32> = (0..53).map(|i| i as f32 * 0.41 - 11.0).collect();
+        let u: Vec<f32> = (0..53).map(|i| 0.5 + i as f32 * 0.03).collect();
+        let want: Vec<f64> = g
+            .iter()
+            .zip(&u)
+            .map(|(&a, &b)| {
+                let a = a as f64;
+                let inner = (2.0 / std::f64::consts::PI).sqrt() * (a + 0.044715 * a * a * a);
+                0.5 * a * (1.0 + inner.tanh()) * b as f64
+            })
+            .collect();
+        gelu_tanh_mul(&mut g, &u);
+        for (got, want) in g.iter().zip(want) {
+            assert!(
+                (*got as f64 - want).abs() < 2e-6 * (1.0 + want.abs()),
+                "{got} vs {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn soft_cap_is_cap_tanh_of_x_over_cap() {
+        let mut x: Vec<f32> = (0..41).map(|i| i as f32 * 3.3 - 66.0).collect();
+        x.extend([f32::INFINITY, f32::NEG_INFINITY, 0.0]);
+        let want: Vec<f64> = x.iter().map(|&v| 30.0 * (v as f64 / 30.0).tanh()).collect();
+        soft_cap(&mut x, 30.0);
+        for (got, want) in x.iter().zip(want) {
+            assert!((*got as f64 - want).abs() < 1e-5 * 30.0, "{got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn attend_caps_and_scales_the_scores() {
+        let q = [2.0, 1.0];
+        let keys = [3.0, 0.0, 0.0, 1.0, -2.0, 1.0];
+        let values = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let scoring = Scoring {
+            scale: 0.7,
+            softcap: Some(2.5),
+        };
+        let (mut scores, mut out) = ([0.0; 3], [0.0; 2]);
+        attend(&q, &keys, &values, &scoring, &mut scores, &mut out);
+        let s = [6.0f64, 1.0, -3.0].map(|v| (2.5 * (v * 0.7 / 2.5).tanh()).exp());
+        let z: f64 = s.iter().sum();
+        let want = [
+            (s[0] * 1.0 + s[1] * 3.0 + s[2] * 5.0) / z,
+            (s[0] * 2.0 + s[1] * 4.0 + s[2] * 6.0) / z,
+        ];
+        for (a, b) in out.iter().zip(want) {
+            assert!((*a as f64 - b).abs() < 1e-5, "{out:?} vs {want:?}");
+        }
+    }
+
+    #[test]
     fn simd_scores_equal_the_portable_dot_bit_for_bit() {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx512f") {
@@ -643,7 +829,11 @@ mod tests {
         let values = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
         let mut scores = [0.0; 3];
         let mut out = [0.0; 2];
-        attend(&q, &keys, &values, &mut scores, &mut out);
+        let scoring = Scoring {
+            scale: 1.0 / 2f32.sqrt(),
+            softcap: None,
+        };
+        attend(&q, &keys, &values, &scoring, &mut scores, &mut out);
         let s = [1.0f64, 0.0, -1.0].map(|v| (v / 2f64.sqrt()).exp());
         let z: f64 = s.iter().sum();
         let want = [

@@ -17,4 +17,4 @@
 mod decoder;
 mod prefill;
 
-pub use decoder::{CacheIo, Decoder, Dims, Embedding, Layer, Projection, Weight};
+pub use decoder::{Activation, CacheIo, Decoder, Dims, Embedding, Layer, Projection, Weight};

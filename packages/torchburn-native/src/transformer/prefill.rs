@@ -13,8 +13,8 @@
 use torchburn_native_macros::isa_versions;
 
 use super::decoder::{
-    add_into, rms_norm, rms_norm_in_place, rotate, silu_mul, slice, CacheIo, Decoder, Projection,
-    Weight,
+    add_into, rms_norm, rms_norm_in_place, rotate, scale_in_place, slice, soft_cap, CacheIo,
+    Decoder, Projection, Scoring, Weight,
 };
 use crate::kernels::gemm::{gemm, Mat, MatMut};
 use crate::kernels::math::exp_f32;
@@ -56,6 +56,7 @@ impl Decoder {
         let mut x = vec![0f32; t * hidden]; // [T, H] the residual stream
         for (row, &tok) in x.chunks_exact_mut(hidden).zip(tokens) {
             self.embed.row_into(tok, d.vocab, row);
+            scale_in_place(row, d.embed_scale);
         }
         let mut h = vec![0f32; t * hidden];
         let (mut q, mut k, mut v) = (
@@ -66,10 +67,11 @@ impl Decoder {
         let mut att = vec![0f32; t * q_len];
         let mut proj = vec![0f32; t * hidden];
         let (mut gate, mut up) = (vec![0f32; t * inter], vec![0f32; t * inter]);
-        let cos = std::slice::from_raw_parts(io.cos, t * hd);
-        let sin = std::slice::from_raw_parts(io.sin, t * hd);
+        let rd = d.rotary_dim;
         let layer_stride = kvh * io.capacity * hd;
         for (li, l) in self.layers.iter().enumerate() {
+            let cos = std::slice::from_raw_parts(io.cos[l.rope], t * rd);
+            let sin = std::slice::from_raw_parts(io.sin[l.rope], t * rd);
             norm_rows(&x, slice(l.ln_attn, hidden), d.eps, &mut h);
             project_rows(&[&l.q, &l.k, &l.v], &h, t, &mut [&mut q, &mut k, &mut v]);
             for (heads, norm, width) in [(&mut q, l.q_norm, q_len), (&mut k, l.k_norm, kv_len)] {
@@ -79,7 +81,11 @@ impl Decoder {
                         if let Some(w) = norm {
                             rms_norm_in_place(head, w, d.eps);
                         }
-                        rotate(head, &cos[ti * hd..][..hd], &sin[ti * hd..][..hd]);
+                        rotate(
+                            &mut head[..rd],
+                            &cos[ti * rd..][..rd],
+                            &sin[ti * rd..][..rd],
+                        );
                     }
                 });
             }
@@ -93,15 +99,22 @@ impl Decoder {
                     std::ptr::copy_nonoverlapping(v[from..].as_ptr(), values.add(at), hd);
                 }
             }
-            self.attend_rows(&q, keys, values, io.capacity, start, t, &mut att);
+            let window = d.window.filter(|_| l.windowed);
+            self.attend_rows(&q, keys, values, io.capacity, start, t, window, &mut att);
             project_rows(&[&l.o], &att, t, &mut [&mut proj]);
+            if let Some(w) = l.post_attn_norm {
+                norm_rows_in_place(&mut proj, slice(w, hidden), d.eps);
+            }
             add_into(&mut x, &proj);
             norm_rows(&x, slice(l.ln_mlp, hidden), d.eps, &mut h);
             project_rows(&[&l.gate, &l.up], &h, t, &mut [&mut gate, &mut up]);
             threads::par_chunks_mut_min(&mut gate, inter, 8, |ti, g| {
-                silu_mul(g, &up[ti * inter..][..inter])
+                d.activation.gate_into(g, &up[ti * inter..][..inter])
             });
             project_rows(&[&l.down], &gate, t, &mut [&mut proj]);
+            if let Some(w) = l.post_mlp_norm {
+                norm_rows_in_place(&mut proj, slice(w, hidden), d.eps);
+            }
             add_into(&mut x, &proj);
         }
         let rows = if all_logits { t } else { 1 };
@@ -109,12 +122,16 @@ impl Decoder {
         let mut normed = vec![0f32; rows * hidden];
         norm_rows(last, slice(self.norm, hidden), d.eps, &mut normed);
         let logits = std::slice::from_raw_parts_mut(io.logits, rows * d.vocab);
-        project_rows(&[&self.head], &normed, rows, &mut [logits]);
+        project_rows(&[&self.head], &normed, rows, &mut [&mut *logits]);
+        if let Some(cap) = d.final_softcap {
+            threads::par_chunks_mut_min(logits, d.vocab, 1, |_, row| soft_cap(row, cap));
+        }
     }
 
-    /// Causal (and windowed) attention of the `t` new queries `q` `[T, Hq·D]` over the cache's keys and
-    /// values `0..start + t` of one layer, into `out` `[T, Hq·D]`: per head and block of queries,
-    /// `scores = Q·Kᵀ / √D`, a softmax over each query's visible keys, `out = P·V`.
+    /// Causal (and, with `window`, windowed) attention of the `t` new queries `q` `[T, Hq·D]` over the
+    /// cache's keys and values `0..start + t` of one layer, into `out` `[T, Hq·D]`: per head and block
+    /// of queries, `scores = Q·Kᵀ · scale` (capped where the family caps them), a softmax over each
+    /// query's visible keys, `out = P·V`.
     ///
     /// # Safety
     /// `keys` / `values` point at one layer's cache, `[KVH, capacity, D]`, holding `start + t` positions.
@@ -127,13 +144,14 @@ impl Decoder {
         capacity: usize,
         start: usize,
         t: usize,
+        window: Option<usize>,
         out: &mut [f32],
     ) {
         let d = self.dims;
         let hd = d.head_dim;
         let q_len = d.heads * hd;
         let group = d.heads / d.kv_heads;
-        let scale = 1.0 / (hd as f32).sqrt();
+        let Scoring { scale, softcap } = Scoring::of(&d);
         let blocks = t.div_ceil(QUERY_BLOCK);
         let (keys, values, out_ptr) = (SendPtr(keys), SendPtr(values), SendPtr(out.as_mut_ptr()));
         // the last blocks of a head see the most keys: claim them first
@@ -143,7 +161,7 @@ impl Decoder {
             let (t0, t1) = (b * QUERY_BLOCK, ((b + 1) * QUERY_BLOCK).min(t));
             let rows = t1 - t0;
             // keys any query of the block may see: from the first one's window to the last one
-            let first = d.window.map_or(0, |w| (start + t0 + 1).saturating_sub(w));
+            let first = window.map_or(0, |w| (start + t0 + 1).saturating_sub(w));
             let seen = start + t1 - first;
             let mut scores = vec![0f32; rows * seen]; // [rows, S]
             let kv_at = (g * capacity + first) * hd;
@@ -175,7 +193,10 @@ impl Decoder {
                 );
                 for (r, row) in scores.chunks_exact_mut(seen).enumerate() {
                     let pos = start + t0 + r;
-                    let lo = d.window.map_or(0, |w| (pos + 1).saturating_sub(w)) - first;
+                    let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w)) - first;
+                    if let Some(cap) = softcap {
+                        soft_cap(&mut row[lo..pos + 1 - first], cap);
+                    }
                     softmax_visible(row, lo, pos + 1 - first);
                 }
                 gemm(
@@ -271,6 +292,12 @@ fn project_rows(ps: &[&Projection], x: &[f32], tokens: usize, outs: &mut [&mut [
 fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let n = w.len();
     threads::par_chunks_mut_min(out, n, 16, |r, o| rms_norm(&x[r * n..][..n], w, eps, o));
+}
+
+/// RMSNorm of every row of `x` in place (the post-attention and post-MLP norms).
+fn norm_rows_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let n = w.len();
+    threads::par_chunks_mut_min(x, n, 16, |_, row| rms_norm_in_place(row, w, eps));
 }
 
 /// Softmax of `row[lo..hi]` in place, zero elsewhere: the keys outside a query's causal window get
