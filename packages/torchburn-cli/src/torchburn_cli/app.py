@@ -184,24 +184,48 @@ def benchmark(
     repeats: Annotated[
         int, typer.Option("--repeats", "-r", min=1, help="Runs of each contender, interleaved; medians shown")
     ] = 3,
+    llama_cpp: Annotated[
+        bool,
+        typer.Option(
+            "--llama-cpp/--no-llama-cpp",
+            help="Also time llama.cpp on the same GGUF file and threads (needs the llama-cpp extra)",
+        ),
+    ] = False,
 ) -> None:
-    """Prefill and decode tokens/s and time to first token, next to transformers eager in the same run."""
+    """Prefill and decode tokens/s and time to first token, next to transformers eager (and llama.cpp)
+    in the same run."""
     import torch
 
     from torchburn_llm import benchmark as bench
     from torchburn_llm import default_model_path
 
+    path = Path(model) if model else default_model_path()
     llm = _load(model, quant, device)
     ids = bench.prompt_ids(llm, prompt_tokens)
-    ref = bench.load_transformers(Path(model) if model else default_model_path()) if reference else None
-    ours: list[bench.Speed] = []
-    theirs: list[bench.Speed] = []
-    for _ in range(repeats):  # interleaved, so that both see the same moments of a shared machine
-        ours.append(bench.measure_ours(llm, f"torchburn {llm.model.quant}", ids, tokens))
-        if ref is not None:
-            theirs.append(bench.measure_transformers(ref, "transformers fp32 eager", ids, tokens))
-    rows = [bench.median(ours)] + ([bench.median(theirs)] if theirs else [])
+    contenders: list[tuple[str, Any]] = [(f"torchburn {llm.model.quant}", None)]
+    if reference:
+        contenders.append(("transformers fp32 eager", bench.load_transformers(path)))
+    info = ""
+    if llama_cpp:
+        from torchburn_llm import llamacpp_peer
+
+        if path.suffix != ".gguf":
+            raise ValueError(f"--llama-cpp compares on a .gguf file; {path} is not one")
+        info = llamacpp_peer.system_info()
+        threads = torch.get_num_threads()
+        contenders.append(("llama.cpp", llamacpp_peer.load(path, threads, prompt_tokens + tokens + 8)))
+    runs: dict[str, list[bench.Speed]] = {name: [] for name, _ in contenders}
+    for _ in range(repeats):  # interleaved, so that all see the same moments of a shared machine
+        for name, peer in contenders:
+            if peer is None:
+                runs[name].append(bench.measure_ours(llm, name, ids, tokens))
+            elif name == "llama.cpp":
+                runs[name].append(llamacpp_peer.measure(peer, name, ids, tokens))
+            else:
+                runs[name].append(bench.measure_transformers(peer, name, ids, tokens))
+    rows = [bench.median(r) for r in runs.values()]
     print(f"machine: {torch.get_num_threads()} threads, torch {torch.__version__}; medians of {repeats} runs")
+    print(f"torchburn kernels: {_isa_level()}" + (f"; {info}" if info else ""))
     print(bench.HEADER)
     for r in rows:
         print(r.row())
@@ -212,22 +236,47 @@ def accuracy(
     model: ModelOpt = None,
     tokens: Annotated[int, typer.Option("--tokens", "-t", min=64, help="Length of the evaluation text")] = 2048,
     quant: Annotated[list[str] | None, typer.Option("--quant", "-q", help="Formats to compare with fp32")] = None,
+    llama_cpp: Annotated[
+        bool,
+        typer.Option(
+            "--llama-cpp/--no-llama-cpp",
+            help="Compare with llama.cpp's logits on the same GGUF file instead of fp32 (needs the llama-cpp extra)",
+        ),
+    ] = False,
 ) -> None:
-    """Top-1 agreement and perplexity of quantized weights against fp32, teacher-forced on a long text,
-    on the prefill path (prompts) and the decode path (one token per step, as generation runs)."""
-    from torchburn_llm import accuracy as acc
+    """Top-1 agreement and perplexity of quantized weights against fp32 (or llama.cpp on the same file),
+    teacher-forced on a long text, on the prefill path (prompts) and the decode path (one token per
+    step, as generation runs)."""
+    import torch
 
-    reference = _load(model, "fp32", "cpu")
+    from torchburn_llm import accuracy as acc
+    from torchburn_llm import default_model_path
+
+    reference: Any = _load(model, "stored" if llama_cpp else "fp32", "cpu")
     ids = reference.encode(acc.evaluation_text())[:tokens]
     if len(ids) < tokens:
         raise ValueError(f"the evaluation text has only {len(ids)} tokens")
+    name = "fp32"
+    if llama_cpp:
+        from torchburn_llm import llamacpp_peer
+
+        path = Path(model) if model else default_model_path()
+        print(f"torchburn kernels: {_isa_level()}; {llamacpp_peer.system_info()}")
+        reference, name = llamacpp_peer.teacher_forced_logits(path, ids[:-1], torch.get_num_threads()), "llama.cpp"
     rows = []
-    for q in quant or ["int8", "int4"]:
+    for q in quant or (["stored"] if llama_cpp else ["int8", "int4"]):
         candidate = _load(model, q, "cpu")
-        rows += [acc.compare(reference, candidate, ids, path) for path in acc.PATHS]
+        rows += [acc.compare(reference, candidate, ids, path, name) for path in acc.PATHS]
     print(acc.HEADER)
     for r in rows:
         print(r.row())
+
+
+def _isa_level() -> str:
+    """The instruction set the native kernels run (TORCHBURN_ISA may force a lower one)."""
+    from torchburn_native import isa
+
+    return isa()
 
 
 def info() -> None:

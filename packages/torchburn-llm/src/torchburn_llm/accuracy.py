@@ -1,5 +1,6 @@
-"""How closely a quantized model follows the fp32 one: teacher-forced over a long text, the share of
-positions where both pick the same next token, and each model's perplexity on the text.
+"""How closely a quantized model follows a reference: teacher-forced over a long text, the share of
+positions where both pick the same next token, and each one's perplexity on the text. The reference is
+the fp32 model, or another runtime's logits on the same file (llama.cpp's, see ``llamacpp_peer``).
 
 A quantized model computes a token's logits on one of two paths, and each is measured: ``prefill``
 (many tokens per call: a prompt; dequantized weights against f32 activations) and ``decode`` (one
@@ -37,6 +38,7 @@ class Agreement:
     top1_agreement: float
     perplexity: float
     reference_perplexity: float
+    reference: str = "fp32"
 
     @property
     def perplexity_change(self) -> float:
@@ -44,30 +46,38 @@ class Agreement:
 
     def row(self) -> str:
         return (
-            f"| {self.quant} | {self.path} | {self.tokens} | {100 * self.top1_agreement:.2f}% | {self.perplexity:.3f} "
-            f"| {self.reference_perplexity:.3f} | {100 * self.perplexity_change:+.2f}% |"
+            f"| {self.quant} | {self.path} | {self.reference} | {self.tokens} | {100 * self.top1_agreement:.2f}% "
+            f"| {self.perplexity:.3f} | {self.reference_perplexity:.3f} | {100 * self.perplexity_change:+.2f}% |"
         )
 
 
 HEADER = (
-    "| quant | path | tokens | top-1 agreement with fp32 | perplexity | fp32 perplexity | change |\n"
-    "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
+    "| quant | path | reference | tokens | top-1 agreement | perplexity | reference perplexity | change |\n"
+    "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"
 )
 
 
 @torch.no_grad()
-def compare(reference: LLM, candidate: LLM, ids: list[int], path: str = "prefill") -> Agreement:
+def compare(
+    reference: LLM | torch.Tensor, candidate: LLM, ids: list[int], path: str = "prefill", reference_name: str = "fp32"
+) -> Agreement:
     """Teacher-forced over ``ids``: predictions for positions 1.. from every prefix, the candidate's on
-    ``path``; the fp32 reference's always in chunks."""
+    ``path``; the reference's in chunks, or given as logits [len(ids) - 1 or more, V] computed elsewhere."""
     if path not in PATHS:
         raise ValueError(f"path={path!r} is not one of {', '.join(PATHS)}")
-    ref_cache = reference.model.new_cache(len(ids))
+    if isinstance(reference, torch.Tensor) and reference.shape[0] < len(ids) - 1:
+        raise ValueError(f"reference logits cover {reference.shape[0]} positions, {len(ids) - 1} are compared")
+    ref_cache = None if isinstance(reference, torch.Tensor) else reference.model.new_cache(len(ids))
     cand_cache = candidate.model.new_cache(len(ids))
     agree, nll_ref, nll_cand, count = 0, 0.0, 0.0, 0
     for start in range(0, len(ids) - 1, CHUNK):
         chunk = torch.tensor(ids[start : min(start + CHUNK, len(ids) - 1)])
         target = torch.tensor(ids[start + 1 : start + 1 + len(chunk)])
-        want = reference.model.forward(chunk, ref_cache)  # [T, V]
+        if isinstance(reference, torch.Tensor):
+            want = reference[start : start + len(chunk)]
+        else:
+            assert ref_cache is not None
+            want = reference.model.forward(chunk, ref_cache)  # [T, V]
         if path == "prefill":
             got = candidate.model.forward(chunk, cand_cache)
         else:
@@ -77,5 +87,11 @@ def compare(reference: LLM, candidate: LLM, ids: list[int], path: str = "prefill
         nll_cand += float(torch.nn.functional.cross_entropy(got, target, reduction="sum"))
         count += len(chunk)
     return Agreement(
-        candidate.model.quant, path, count, agree / count, math.exp(nll_cand / count), math.exp(nll_ref / count)
+        candidate.model.quant,
+        path,
+        count,
+        agree / count,
+        math.exp(nll_cand / count),
+        math.exp(nll_ref / count),
+        reference_name,
     )

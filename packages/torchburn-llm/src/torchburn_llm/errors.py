@@ -16,3 +16,8 @@ class ChatTemplateError(ModelLoadError, ValueError):
 
 class ContextLengthError(TorchBurnError, ValueError):
     """A prompt (plus the tokens to generate) does not fit the model's context or the KV cache."""
+
+
+class PeerUnavailableError(TorchBurnError, RuntimeError):
+    """A comparison asks for another runtime (llama.cpp) that is not installed; the message says how to
+    install it."""

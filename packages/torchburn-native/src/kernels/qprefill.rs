@@ -243,6 +243,11 @@ unsafe fn group_product(
         // SAFETY: the CPU has AVX-512F and FMA
         return x86::group_product_avx512(w, rows, k, xt, stride, tokens, out, ld);
     }
+    #[cfg(target_arch = "x86_64")]
+    if simd && crate::isa::avx2() {
+        // SAFETY: the CPU has AVX2 and FMA (the level includes them)
+        return x86::group_product_avx2(w, rows, k, xt, stride, tokens, out, ld);
+    }
     let _ = simd;
     group_product_portable(w, rows, k, xt, stride, tokens, out, ld)
 }
@@ -382,6 +387,89 @@ mod x86 {
                     }
                 }
                 t += if wide { 2 * LANES } else { LANES };
+            }
+        }
+        for t in 0..tokens {
+            for i in 0..rows {
+                *out.add(t * ld + i) = out_t[i * stride + t];
+            }
+        }
+    }
+
+    /// AVX2's eight lanes per vector.
+    const LANES8: usize = 8;
+    /// Rows per AVX2 tile: six rows × two vectors of tokens keep twelve accumulators, two token
+    /// vectors and a broadcast weight in the sixteen registers.
+    const ROWS8: usize = 6;
+
+    /// [`tile`] on AVX2: rows `i0..i0 + R` × tokens `t0..t0 + 16`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile_avx2<const R: usize>(
+        w: &[f32],
+        i0: usize,
+        k: usize,
+        xt: &[f32],
+        stride: usize,
+        t0: usize,
+        ks: Range<usize>,
+        out_t: &mut [f32],
+    ) {
+        let ws: [*const f32; R] = std::array::from_fn(|i| w.as_ptr().add((i0 + i) * k));
+        let at = |i: usize, v: usize| (i0 + i) * stride + t0 + v * LANES8;
+        let mut acc: [[__m256; 2]; R] = if ks.start == 0 {
+            [[_mm256_setzero_ps(); 2]; R]
+        } else {
+            std::array::from_fn(|i| {
+                std::array::from_fn(|v| _mm256_loadu_ps(out_t.as_ptr().add(at(i, v))))
+            })
+        };
+        let mut x = xt.as_ptr().add(ks.start * stride + t0);
+        for kk in ks {
+            let xv = [_mm256_loadu_ps(x), _mm256_loadu_ps(x.add(LANES8))];
+            for i in 0..R {
+                let wv = _mm256_set1_ps(*ws[i].add(kk));
+                for v in 0..2 {
+                    acc[i][v] = _mm256_fmadd_ps(wv, xv[v], acc[i][v]);
+                }
+            }
+            x = x.add(stride);
+        }
+        for (i, row) in acc.iter().enumerate() {
+            for (v, a) in row.iter().enumerate() {
+                _mm256_storeu_ps(out_t.as_mut_ptr().add(at(i, v)), *a);
+            }
+        }
+    }
+
+    /// [`super::group_product`] on AVX2: six rows by sixteen tokens at a time, the same fused
+    /// multiply-adds in the same order as every other path.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn group_product_avx2(
+        w: &[f32],
+        rows: usize,
+        k: usize,
+        xt: &[f32],
+        stride: usize,
+        tokens: usize,
+        out: *mut f32,
+        ld: usize,
+    ) {
+        let mut out_t = vec![0f32; rows * stride];
+        let out_t = &mut out_t[..];
+        for k0 in (0..k).step_by(K_SLICE) {
+            let ks = k0..(k0 + K_SLICE).min(k);
+            for t in (0..tokens).step_by(LANES) {
+                let mut i = 0;
+                while i + ROWS8 <= rows {
+                    tile_avx2::<ROWS8>(w, i, k, xt, stride, t, ks.clone(), out_t);
+                    i += ROWS8;
+                }
+                while i < rows {
+                    tile_avx2::<1>(w, i, k, xt, stride, t, ks.clone(), out_t);
+                    i += 1;
+                }
             }
         }
         for t in 0..tokens {

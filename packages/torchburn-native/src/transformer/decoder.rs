@@ -671,9 +671,7 @@ fn project(ps: &[&Projection], x: &[f32], out: &mut [f32]) {
                         let acts = ggml[form]
                             .as_ref()
                             .expect("activations in the weights' form");
-                        for (o, r) in dst.iter_mut().zip(rows.clone()) {
-                            *o = m.row_dot(r, acts);
-                        }
+                        m.rows_into(rows.clone(), acts, dst);
                     }
                     Weight::F32 { ptr, k, .. } => {
                         // SAFETY: the decoder's contract: a live n×k f32 matrix

@@ -3,11 +3,19 @@
 //! activations by `vpmaddubsw` (pairs into i16: at most 63 · 127 · 2, no saturation) and
 //! `vpmaddwd` (pairs into i32, by one or by the sub-block's integer scale), so each sub-block's
 //! sum is exact and only one f32 multiply-add per block (per super-block for the K-quants) rounds.
+//! On CPUs with AVX-512 VNNI the same code runs with `vpdpbusd` (both steps in one instruction;
+//! the same exact sums).
+//!
+//! A call covers a range of rows, so the type is dispatched once per range; the 32-element types
+//! run four rows per step, each activation block loaded once for all four. Each row keeps its own
+//! accumulator over its blocks in order, so a row's result does not depend on the rows beside it.
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 use super::acts::Acts;
 use super::blocks::{k_scale_min, GgmlType, QK_K};
+use super::GgmlMatrix;
 
 /// The f16 at `p`, converted by F16C (callers run with it enabled).
 #[inline(always)]
@@ -27,6 +35,17 @@ unsafe fn half_at(b: &[u8], at: usize) -> f32 {
 #[inline(always)]
 unsafe fn dot32(w: __m256i, x: __m256i, scale: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), scale)
+}
+
+/// Eight i32 lanes of `Σ w · x` over 32 unsigned `w` and signed `x` (four products per lane):
+/// `vpdpbusd` with VNNI, else [`dot32`] by ones (the same sums).
+#[inline(always)]
+unsafe fn dot32_plain<const VNNI: bool>(w: __m256i, x: __m256i) -> __m256i {
+    if VNNI {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x)
+    } else {
+        dot32(w, x, _mm256_set1_epi16(1))
+    }
 }
 
 #[inline(always)]
@@ -66,22 +85,49 @@ unsafe fn fifth_bits(bits: u32) -> __m256i {
     _mm256_and_si256(set, _mm256_set1_epi8(0x10))
 }
 
-/// One row of weights stored as `kind` times one activation row.
+/// Rows `rows` of `m` times one activation row, into `out` (one value per row).
 ///
 /// # Safety
-/// The CPU must have AVX2, FMA and F16C; `row` and `a` must be a whole row and its activations in
-/// the form `kind` takes.
+/// The CPU must have AVX2, FMA and F16C; `a` must be the activations in the form `m`'s type takes,
+/// and `out` as long as `rows`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn row_dot(kind: GgmlType, row: &[u8], a: &Acts) -> f32 {
-    match kind {
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => float_dot(kind, row, &a.f),
-        GgmlType::Q4K | GgmlType::Q5K => q45k_dot(kind == GgmlType::Q5K, row, a),
-        GgmlType::Q6K => q6k_dot(row, a),
-        GgmlType::Q8_0 => legacy_dot::<Q8_0>(row, a),
-        GgmlType::Q4_0 => legacy_dot::<Q4_0>(row, a),
-        GgmlType::Q4_1 => legacy_dot::<Q4_1>(row, a),
-        GgmlType::Q5_0 => legacy_dot::<Q5_0>(row, a),
-        GgmlType::Q5_1 => legacy_dot::<Q5_1>(row, a),
+pub unsafe fn rows_dot(m: &GgmlMatrix, rows: Range<usize>, a: &Acts, out: &mut [f32]) {
+    rows_dot_on::<false>(m, rows, a, out)
+}
+
+/// [`rows_dot`] with AVX-512 VNNI's `vpdpbusd` on 256-bit lanes.
+///
+/// # Safety
+/// As [`rows_dot`], and the CPU must have AVX-512 F, VL and VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+pub unsafe fn rows_dot_vnni(m: &GgmlMatrix, rows: Range<usize>, a: &Acts, out: &mut [f32]) {
+    rows_dot_on::<true>(m, rows, a, out)
+}
+
+#[inline(always)]
+unsafe fn rows_dot_on<const VNNI: bool>(
+    m: &GgmlMatrix,
+    rows: Range<usize>,
+    a: &Acts,
+    out: &mut [f32],
+) {
+    let each = |out: &mut [f32], f: &dyn Fn(&[u8]) -> f32| {
+        for (o, r) in out.iter_mut().zip(rows.clone()) {
+            *o = f(m.row(r));
+        }
+    };
+    match m.kind {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
+            each(out, &|row| float_dot(m.kind, row, &a.f))
+        }
+        GgmlType::Q4K => each(out, &|row| q45k_dot::<false, VNNI>(row, a)),
+        GgmlType::Q5K => each(out, &|row| q45k_dot::<true, VNNI>(row, a)),
+        GgmlType::Q6K => each(out, &|row| q6k_dot(row, a)),
+        GgmlType::Q8_0 => legacy_rows::<Q8_0, VNNI>(m, rows, a, out),
+        GgmlType::Q4_0 => legacy_rows::<Q4_0, VNNI>(m, rows, a, out),
+        GgmlType::Q4_1 => legacy_rows::<Q4_1, VNNI>(m, rows, a, out),
+        GgmlType::Q5_0 => legacy_rows::<Q5_0, VNNI>(m, rows, a, out),
+        GgmlType::Q5_1 => legacy_rows::<Q5_1, VNNI>(m, rows, a, out),
     }
 }
 
@@ -128,74 +174,113 @@ const Q4_1: u8 = 2;
 const Q5_0: u8 = 3;
 const Q5_1: u8 = 4;
 
-/// Block `b` of a 32-element type against its activations: the exact integer sums (eight lanes),
-/// the factor they take (`d · dx`), and the block's offset or bias share (`c · dx · Σ x`).
+/// One block of a 32-element type against activation block `x` (int8, or int16 for Q8_0 at
+/// `x16`): the exact integer sums (eight lanes), the block's scale `d`, and its offset or bias per
+/// unit of the activation sum (`dsum` takes it to `c · dx · Σ x`).
 #[inline(always)]
-unsafe fn legacy_block<const T: u8>(block: *const u8, b: usize, a: &Acts) -> (__m256i, f32, f32) {
-    let ones = _mm256_set1_epi16(1);
+unsafe fn legacy_block<const T: u8, const VNNI: bool>(
+    block: *const u8,
+    x: __m256i,
+    x16: *const __m256i,
+) -> (__m256i, f32, f32) {
     let d = half_ptr(block);
-    let dx = *a.d.get_unchecked(b);
-    let dsum = *a.dsum.get_unchecked(b);
     if T == Q8_0 {
         // int16 activations: both halves widened, products summed in pairs
-        let x = a.q16.as_ptr().add(32 * b) as *const __m256i;
         let w = _mm256_loadu_si256(block.add(2) as *const __m256i);
         let w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
         let w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(w));
         let isum = _mm256_add_epi32(
-            _mm256_madd_epi16(w0, _mm256_loadu_si256(x)),
-            _mm256_madd_epi16(w1, _mm256_loadu_si256(x.add(1))),
+            _mm256_madd_epi16(w0, _mm256_loadu_si256(x16)),
+            _mm256_madd_epi16(w1, _mm256_loadu_si256(x16.add(1))),
         );
-        return (isum, d * dx, 0.0);
+        return (isum, d, 0.0);
     }
-    let x = _mm256_loadu_si256(a.q.as_ptr().add(32 * b) as *const __m256i);
     let (w, fix) = match T {
-        Q4_0 => (nibbles16(block.add(2)), -8.0 * d * dsum),
-        Q4_1 => (nibbles16(block.add(4)), half_ptr(block.add(2)) * dsum),
+        Q4_0 => (nibbles16(block.add(2)), -8.0 * d),
+        Q4_1 => (nibbles16(block.add(4)), half_ptr(block.add(2))),
         Q5_0 => {
             let high = (block.add(2) as *const u32).read_unaligned();
             let w = _mm256_or_si256(nibbles16(block.add(6)), fifth_bits(high));
-            (w, -16.0 * d * dsum)
+            (w, -16.0 * d)
         }
         _ => {
             let high = (block.add(4) as *const u32).read_unaligned();
             let w = _mm256_or_si256(nibbles16(block.add(8)), fifth_bits(high));
-            (w, half_ptr(block.add(2)) * dsum)
+            (w, half_ptr(block.add(2)))
         }
     };
-    (dot32(w, x, ones), d * dx, fix)
+    (dot32_plain::<VNNI>(w, x), d, fix)
 }
 
-/// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: blocks of 32 against activation blocks of 32, two blocks per step
-/// into two sets of accumulators (their chains overlap).
+/// Bytes of one block of each 32-element type.
+const LEGACY_BYTES: [usize; 5] = [34, 18, 20, 22, 24];
+
+/// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 rows `rows` of `m`: four rows per step (their accumulator chains
+/// overlap and share the activation loads), then the rest one by one in the same order per row.
 #[inline(always)]
-unsafe fn legacy_dot<const T: u8>(row: &[u8], a: &Acts) -> f32 {
-    let bytes = [34, 18, 20, 22, 24][T as usize];
-    let blocks = row.len() / bytes;
-    let p = row.as_ptr();
-    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let (mut fix0, mut fix1) = (0f32, 0f32);
-    let mut b = 0;
-    while b + 2 <= blocks {
-        let (i0, s0, f0) = legacy_block::<T>(p.add(b * bytes), b, a);
-        let (i1, s1, f1) = legacy_block::<T>(p.add((b + 1) * bytes), b + 1, a);
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_set1_ps(s0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_set1_ps(s1), acc1);
-        fix0 += f0;
-        fix1 += f1;
-        b += 2;
+unsafe fn legacy_rows<const T: u8, const VNNI: bool>(
+    m: &GgmlMatrix,
+    rows: Range<usize>,
+    a: &Acts,
+    out: &mut [f32],
+) {
+    let mut r = rows.start;
+    let mut o = 0;
+    while r + 4 <= rows.end {
+        let ps = [0, 1, 2, 3].map(|i| m.row(r + i).as_ptr());
+        out[o..o + 4].copy_from_slice(&legacy_group::<T, VNNI, 4>(ps, m.k / 32, a));
+        r += 4;
+        o += 4;
     }
-    if b < blocks {
-        let (i0, s0, f0) = legacy_block::<T>(p.add(b * bytes), b, a);
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_set1_ps(s0), acc0);
-        fix0 += f0;
+    while r < rows.end {
+        out[o] = legacy_group::<T, VNNI, 1>([m.row(r).as_ptr()], m.k / 32, a)[0];
+        r += 1;
+        o += 1;
     }
-    hsum(_mm256_add_ps(acc0, acc1)) + (fix0 + fix1)
+}
+
+/// `R` rows of `blocks` blocks each against the activations: one accumulator per row, its blocks
+/// added in order (so a row's result is the same in a group of four and alone).
+#[inline(always)]
+unsafe fn legacy_group<const T: u8, const VNNI: bool, const R: usize>(
+    ps: [*const u8; R],
+    blocks: usize,
+    a: &Acts,
+) -> [f32; R] {
+    let bytes = LEGACY_BYTES[T as usize];
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut fix = [0f32; R];
+    for b in 0..blocks {
+        let dx = *a.d.get_unchecked(b);
+        let dsum = *a.dsum.get_unchecked(b);
+        let (x, x16) = if T == Q8_0 {
+            (
+                _mm256_setzero_si256(),
+                a.q16.as_ptr().add(32 * b) as *const __m256i,
+            )
+        } else {
+            (
+                _mm256_loadu_si256(a.q.as_ptr().add(32 * b) as *const __m256i),
+                std::ptr::null(),
+            )
+        };
+        for j in 0..R {
+            let (isum, d, c) = legacy_block::<T, VNNI>(ps[j].add(b * bytes), x, x16);
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * dx), acc[j]);
+            fix[j] += c * dsum;
+        }
+    }
+    let mut out = [0f32; R];
+    for j in 0..R {
+        out[j] = hsum(acc[j]) + fix[j];
+    }
+    out
 }
 
 /// Q4_K and Q5_K: super-blocks of 256 in eight sub-blocks of 32 with 6-bit scales and mins.
 #[inline(always)]
-unsafe fn q45k_dot(five: bool, row: &[u8], a: &Acts) -> f32 {
+unsafe fn q45k_dot<const FIVE: bool, const VNNI: bool>(row: &[u8], a: &Acts) -> f32 {
+    let five = FIVE;
     let bytes = if five { 176 } else { 144 };
     let low = _mm256_set1_epi8(0x0F);
     let mut acc = _mm256_setzero_ps();
@@ -234,8 +319,19 @@ unsafe fn q45k_dot(five: bool, row: &[u8], a: &Acts) -> f32 {
             }
             let x0 = _mm256_loadu_si256(xq.add(64 * c) as *const __m256i);
             let x1 = _mm256_loadu_si256(xq.add(64 * c + 32) as *const __m256i);
-            isum = _mm256_add_epi32(isum, dot32(w0, x0, _mm256_set1_epi16(sc0 as i16)));
-            isum = _mm256_add_epi32(isum, dot32(w1, x1, _mm256_set1_epi16(sc1 as i16)));
+            // each sub-block's exact sum times its integer scale (in i32: at most 63 · 32 · 31 · 127)
+            let (s0, s1) = if VNNI {
+                (
+                    _mm256_mullo_epi32(dot32_plain::<VNNI>(w0, x0), _mm256_set1_epi32(sc0 as i32)),
+                    _mm256_mullo_epi32(dot32_plain::<VNNI>(w1, x1), _mm256_set1_epi32(sc1 as i32)),
+                )
+            } else {
+                (
+                    dot32(w0, x0, _mm256_set1_epi16(sc0 as i16)),
+                    dot32(w1, x1, _mm256_set1_epi16(sc1 as i16)),
+                )
+            };
+            isum = _mm256_add_epi32(isum, _mm256_add_epi32(s0, s1));
         }
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * dx), acc);
         mins += dmin * dx * msum as f32;

@@ -164,14 +164,37 @@ impl GgmlMatrix {
     /// Row `r` times activations `a` (made by [`acts::quantize_for`] for this matrix's type), on
     /// the best path the ISA level allows.
     pub fn row_dot(&self, r: usize, a: &acts::Acts) -> f32 {
+        let mut out = [0f32];
+        self.rows_into(r..r + 1, a, &mut out);
+        out[0]
+    }
+
+    /// Rows `rows` times activations `a` into `out` (one value per row), on the best path the ISA
+    /// level allows: the type is dispatched once for the range.
+    pub fn rows_into(&self, rows: Range<usize>, a: &acts::Acts, out: &mut [f32]) {
+        assert!(rows.end <= self.n, "rows out of range");
+        assert_eq!(out.len(), rows.len(), "output length");
+        assert_eq!(
+            a.form,
+            acts::act_form(self.kind),
+            "activations in the weights' form"
+        );
         #[cfg(target_arch = "x86_64")]
         if crate::isa::avx2() {
-            // SAFETY: the CPU has AVX2, FMA and F16C (the level includes them); `a` is a whole row's
+            // SAFETY: the CPU has AVX2, FMA and F16C (the level includes them), and AVX-512 VNNI where
+            // that copy runs; `a` is a whole row's activations in the type's form (checked above)
             unsafe {
-                return dot_avx2::row_dot(self.kind, self.row(r), a);
+                if crate::isa::avx512() && vnni() {
+                    dot_avx2::rows_dot_vnni(self, rows, a, out);
+                } else {
+                    dot_avx2::rows_dot(self, rows, a, out);
+                }
             }
+            return;
         }
-        dot::row_dot(self.kind, self.row(r), a)
+        for (o, r) in out.iter_mut().zip(rows) {
+            *o = dot::row_dot(self.kind, self.row(r), a);
+        }
     }
 
     /// `out[t·n + r] = Σ_j x[t·k + j] · W[r, j]` for `t` in `0..tokens`, rows split between threads.
@@ -190,14 +213,25 @@ impl GgmlMatrix {
         let out_ptr = threads::SendPtr(out.as_mut_ptr());
         threads::par_ranges(n, 16, |lo, hi| {
             let out = out_ptr;
-            for r in lo..hi {
-                for (t, a) in quantized.iter().enumerate() {
-                    // SAFETY: rows lo..hi of every token's output belong to this task alone
-                    unsafe { *out.get().add(t * n + r) = self.row_dot(r, a) };
-                }
+            for (t, a) in quantized.iter().enumerate() {
+                // SAFETY: rows lo..hi of every token's output belong to this task alone
+                let dst =
+                    unsafe { std::slice::from_raw_parts_mut(out.get().add(t * n + lo), hi - lo) };
+                self.rows_into(lo..hi, a, dst);
             }
         });
     }
+}
+
+/// Whether the CPU has AVX-512 VNNI (with VL, which the 256-bit `vpdpbusd` needs).
+#[cfg(target_arch = "x86_64")]
+fn vnni() -> bool {
+    use std::sync::OnceLock;
+    static VNNI: OnceLock<bool> = OnceLock::new();
+    *VNNI.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx512vnni")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+    })
 }
 
 #[cfg(test)]

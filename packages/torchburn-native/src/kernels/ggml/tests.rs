@@ -121,6 +121,32 @@ fn every_type_matches_its_dequantized_product() {
 }
 
 #[test]
+fn a_rows_result_does_not_depend_on_the_rows_beside_it() {
+    // 11 rows: two groups of four and three alone; each row equals its product computed alone,
+    // bit for bit, and the VNNI copy (where the CPU has it) equals the plain one
+    let k = 512;
+    for kind in GgmlType::ALL {
+        let m = matrix(kind, 11, k, 5);
+        let a = quantize_for(kind, &centered(k, 77));
+        let mut all = vec![0f32; 11];
+        m.rows_into(0..11, &a, &mut all);
+        let mut part = vec![0f32; 9];
+        m.rows_into(2..11, &a, &mut part);
+        for (r, &v) in all.iter().enumerate() {
+            assert_eq!(v, m.row_dot(r, &a), "{} row {r}", kind.name());
+        }
+        assert_eq!(&all[2..], &part[..], "{}", kind.name());
+        #[cfg(target_arch = "x86_64")]
+        if crate::isa::avx512() && super::vnni() {
+            let mut plain = vec![0f32; 11];
+            // SAFETY: the CPU has AVX2 (below AVX-512); the activations are in the type's form
+            unsafe { super::dot_avx2::rows_dot(&m, 0..11, &a, &mut plain) };
+            assert_eq!(all, plain, "{} VNNI against plain", kind.name());
+        }
+    }
+}
+
+#[test]
 fn extreme_blocks_do_not_saturate() {
     // every integer at its largest magnitude, activations all ±127 of the same sign: the widest sums
     let k = 256;

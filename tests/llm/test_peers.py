@@ -1,0 +1,58 @@
+"""The pieces of the llama.cpp comparisons that run without llama.cpp: the accuracy comparison against
+logits computed elsewhere, the random-weight files the speed comparisons use, and the message when the
+extra is missing."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchburn_llm import LLM, bench_files, llamacpp_peer
+from torchburn_llm import accuracy as acc
+from torchburn_llm.errors import PeerUnavailableError
+
+
+def test_comparison_against_given_logits_counts_agreement_and_perplexity(smollm2: LLM) -> None:
+    ids = smollm2.encode(acc.evaluation_text())[:300]
+    model = smollm2.model
+    logits = model.forward(torch.tensor(ids[:-1]), model.new_cache(len(ids)))  # [299, V]
+    same = acc.compare(logits, smollm2, ids, "prefill", "given")
+    assert same.reference == "given" and same.tokens == 299
+    assert same.top1_agreement == 1.0 and abs(same.perplexity_change) < 1e-4, same.row()
+    # a reference that flips its choice at every third position, by hand
+    flipped = logits.clone()
+    rows = torch.arange(0, 299, 3)
+    flipped[rows, logits[rows].argmin(-1)] = logits[rows].max(-1).values + 1.0
+    got = acc.compare(flipped, smollm2, ids, "prefill", "given")
+    assert got.top1_agreement == pytest.approx(1 - len(rows) / 299)
+    target = torch.tensor(ids[1:])
+    nll = float(torch.nn.functional.cross_entropy(flipped, target))
+    assert got.reference_perplexity == pytest.approx(math.exp(nll), rel=1e-5)
+    with pytest.raises(ValueError, match="cover 10 positions, 299 are compared"):
+        acc.compare(logits[:10], smollm2, ids, "prefill")
+
+
+def test_random_llama_files_load_and_encode(tmp_path: Path) -> None:
+    shape = bench_files.Shape(64, 128, 2, 4, 2, vocab=49300, tied=False, context=64)
+    path = tmp_path / "random.gguf"
+    bench_files.write_random(shape, path)
+    llm = LLM.from_pretrained(path)
+    cfg = llm.config
+    assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.vocab_size) == (64, 128, 2, 49300)
+    assert llm.model.quant == "stored" and llm.model.lm_head.quant == "F16"
+    ids = llm.encode("The history of the printing press")
+    assert 0 < len(ids) < 20 and llm.tokenizer.decode(ids) == "The history of the printing press"
+    logits = llm.model.forward(torch.tensor(ids), llm.model.new_cache(32))
+    assert logits.shape == (len(ids), 49300) and bool(torch.isfinite(logits).all())
+
+
+def test_a_missing_llama_cpp_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # importing it raises ImportError
+    with pytest.raises(PeerUnavailableError, match=r"pip install 'torchburn-llm\[llama-cpp\]'"):
+        llamacpp_peer.system_info()
+    with pytest.raises(ValueError, match="is not one of"):
+        bench_files.quantize(Path("a.gguf"), Path("b.gguf"), "Q3_K_XXL")
