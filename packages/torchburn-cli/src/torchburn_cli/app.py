@@ -200,8 +200,14 @@ def benchmark(
     from torchburn_llm import default_model_path
 
     path = Path(model) if model else default_model_path()
+    before = bench.resident_bytes()
     llm = _load(model, quant, device)
     ids = bench.prompt_ids(llm, prompt_tokens)
+    # one run before any other runtime loads: the peak memory is then ours alone
+    bench.measure_ours(llm, "warm-up", ids, tokens)
+    session = llm._session
+    kv_bytes = 0 if session is None else session.cache.keys.nbytes + session.cache.values.nbytes
+    memory = bench.memory_line(before, llm, path, kv_bytes)
     contenders: list[tuple[str, Any]] = [(f"torchburn {llm.model.quant}", None)]
     if reference:
         contenders.append(("transformers fp32 eager", bench.load_transformers(path)))
@@ -230,6 +236,8 @@ def benchmark(
     for r in rows:
         print(r.row())
     print(bench.ceiling_line(llm, rows[0].decode_tok_s))
+    if memory is not None:
+        print(memory)
 
 
 def accuracy(

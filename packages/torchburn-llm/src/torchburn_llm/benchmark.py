@@ -122,6 +122,41 @@ def ceiling_line(llm: LLM, decode_tok_s: float) -> str:
     )
 
 
+def _status_kb(field: str) -> int | None:
+    """A size field of /proc/self/status (Linux), in bytes; None where there is none."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def resident_bytes() -> int | None:
+    """The process's resident memory now (mapped file pages it has touched included)."""
+    return _status_kb("VmRSS")
+
+
+def peak_resident_bytes() -> int | None:
+    """The process's peak resident memory so far."""
+    return _status_kb("VmHWM")
+
+
+def memory_line(before: int | None, llm: LLM, path: Path, kv_bytes: int) -> str | None:
+    """Peak resident memory over the process before loading, against the file and the KV cache."""
+    peak = peak_resident_bytes()
+    if before is None or peak is None:
+        return None
+    size = path.stat().st_size if path.is_file() else sum(f.stat().st_size for f in path.glob("*.safetensors"))
+    grown = peak - before
+    return (
+        f"memory: peak resident {grown / 1e6:.0f} MB over the process before loading; weights file "
+        f"{size / 1e6:.0f} MB, KV cache {kv_bytes / 1e6:.0f} MB, the rest {(grown - size - kv_bytes) / 1e6:+.0f} MB"
+    )
+
+
 def load_transformers(path: Path) -> Any:
     import transformers
 
