@@ -93,3 +93,23 @@ def test_torchburn_exposes_the_runtime_as_torchburn_llm() -> None:
     import torchburn_llm
 
     assert torchburn.LLM is torchburn_llm.LLM
+
+
+def test_a_folder_defaults_to_int4_where_its_rows_are_whole_blocks(tmp_path: Path, checkpoint: Path) -> None:
+    # the fixture's MLP is 48 wide: not whole blocks of 32, so it stays fp32
+    assert LLM.from_pretrained(checkpoint).model.quant == "fp32"
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4
+    )
+    torch.manual_seed(0)
+    reference = transformers.LlamaForCausalLM(config).eval()
+    folder = tmp_path / "blocks"
+    reference.save_pretrained(folder, safe_serialization=True)
+    model = LLM.from_pretrained(folder).model
+    assert model.quant == "int4" and LLM.from_pretrained(folder, quant="fp32").model.quant == "fp32"
+    ids = torch.arange(3, 13)
+    with torch.no_grad():
+        want = reference(ids[None]).logits[0]
+    got = model.forward(ids, model.new_cache(16))
+    # int4 weights: close to the fp32 model, not equal
+    assert float((got - want).abs().max()) <= 0.1 * float(want.abs().max())

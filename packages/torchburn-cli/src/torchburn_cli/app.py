@@ -47,7 +47,9 @@ QuantOpt = Annotated[
         "-q",
         help=(
             "Weight format: stored (a .gguf file's own types, read in place, as llama.cpp runs them), fp32, "
-            "bf16, int8 (per channel) or int4 (blocks of 32) [default: stored for a .gguf file, else fp32]"
+            "bf16, int8 (per channel) or int4 (blocks of 32) [default: stored for a .gguf file; for a "
+            "checkpoint folder int4, the fastest format within the quality gates (top-1 agreement with fp32 "
+            "96.9%, perplexity +0.3% on SmolLM2), or fp32 where a matrix's rows are not whole blocks of 32]"
         ),
     ),
 ]
