@@ -178,6 +178,11 @@ class ModelConfig:
         )
 
 
+def longrope_attention_factor(factor: float, original: int) -> float:
+    """Longrope's default scale of the rotation for a context ``factor`` times the original length."""
+    return math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1.0 else 1.0
+
+
 def _activation(raw: dict[str, Any], model_type: str, source: str) -> str:
     """The gated MLP's activation. Gemma configs name it ``hidden_activation`` (their ``hidden_act``,
     where present, is an older field ``transformers`` ignores for them)."""
@@ -262,7 +267,7 @@ def _rope_scaling(
         factor = max_position / original if factor is None else real(factor, f"{key}.factor", source)
         attention = raw.get("attention_factor")
         if attention is None:
-            attention = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1.0 else 1.0
+            attention = longrope_attention_factor(factor, original)
         return RopeScaling(
             "longrope",
             factor=factor,

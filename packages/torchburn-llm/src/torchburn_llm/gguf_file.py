@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .checks import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, real, shown, text, token_id, token_ids, whole
-from .config import ModelConfig, RopeScaling
+from .config import ModelConfig, RopeScaling, longrope_attention_factor
 from .errors import ModelLoadError
 from .gguf_header import GGUFHeader, TensorInfo
 
@@ -246,7 +246,7 @@ class GGUFCheckpoint:
         attention_key = f"{a}.rope.scaling.attn_factor"
         attention = self.field(attention_key)
         if attention is None:
-            attention = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1.0 else 1.0
+            attention = longrope_attention_factor(factor, original)
         return RopeScaling(
             "longrope",
             factor=factor,
