@@ -127,9 +127,9 @@ unsafe fn rows_dot_on<const VNNI: bool>(
         }
         // the K-quants one row at a time: four rows' scales, sums and accumulators spill registers
         // (measured slower than one)
-        GgmlType::Q4K => each_row!(row => q45k_group::<false, VNNI, 1>(&[row], a)[0]),
-        GgmlType::Q5K => each_row!(row => q45k_group::<true, VNNI, 1>(&[row], a)[0]),
-        GgmlType::Q6K => each_row!(row => q6k_group::<1>(&[row], a)[0]),
+        GgmlType::Q4K => each_row!(row => q45k_dot::<false, VNNI>(row, a)),
+        GgmlType::Q5K => each_row!(row => q45k_dot::<true, VNNI>(row, a)),
+        GgmlType::Q6K => each_row!(row => q6k_dot(row, a)),
         GgmlType::Q8_0 => legacy_rows::<Q8_0, VNNI>(m, rows, a, out),
         GgmlType::Q4_0 => legacy_rows::<Q4_0, VNNI>(m, rows, a, out),
         GgmlType::Q4_1 => legacy_rows::<Q4_1, VNNI>(m, rows, a, out),
@@ -313,147 +313,110 @@ fn k_scales(packed: &[u8]) -> ([i32; 8], [i32; 8]) {
     (sc, mn)
 }
 
-/// Q4_K and Q5_K: super-blocks of 256 in eight sub-blocks of 32 with 6-bit scales and mins; `R`
-/// rows against the same activations, each activation vector loaded once for all of them. Per row,
-/// the sub-blocks' exact sums (times their scales) add up per super-block in order, then one
-/// multiply-add per super-block, as a row alone would.
+/// Q4_K and Q5_K: super-blocks of 256 in eight sub-blocks of 32 with 6-bit scales and mins. The
+/// sub-blocks' exact sums (times their integer scales) add up per super-block, then one multiply-add
+/// per super-block.
 #[inline(always)]
-unsafe fn q45k_group<const FIVE: bool, const VNNI: bool, const R: usize>(
-    rows: &[&[u8]; R],
-    a: &Acts,
-) -> [f32; R] {
+unsafe fn q45k_dot<const FIVE: bool, const VNNI: bool>(row: &[u8], a: &Acts) -> f32 {
     let bytes = if FIVE { 176 } else { 144 };
     let low = _mm256_set1_epi8(0x0F);
-    let mut acc = [_mm256_setzero_ps(); R];
-    let mut mins = [0f32; R];
-    let blocks = rows[0].len() / bytes;
-    for b in 0..blocks {
+    let mut acc = _mm256_setzero_ps();
+    let mut mins = 0f32;
+    for (b, block) in row.chunks_exact(bytes).enumerate() {
         let dx = *a.d.get_unchecked(b);
         let xq = a.q.as_ptr().add(QK_K * b);
         let sums = &a.sums16[16 * b..16 * b + 16];
-        let mut isum = [_mm256_setzero_si256(); R];
-        let mut scales = [[0i32; 8]; R];
-        for j in 0..R {
-            let block = &rows[j][b * bytes..(b + 1) * bytes];
-            let (sc, mn) = k_scales(&block[4..16]);
-            scales[j] = sc;
-            // the mins times the sub-blocks' activation sums, as the single-row order adds them
-            let mut msum = 0i32;
-            for c in 0..4 {
-                msum += mn[2 * c] * (sums[4 * c] + sums[4 * c + 1])
-                    + mn[2 * c + 1] * (sums[4 * c + 2] + sums[4 * c + 3]);
-            }
-            mins[j] += half_at(block, 2) * dx * msum as f32;
+        let (scales, mn) = k_scales(&block[4..16]);
+        let mut msum = 0i32;
+        for c in 0..4 {
+            msum += mn[2 * c] * (sums[4 * c] + sums[4 * c + 1])
+                + mn[2 * c + 1] * (sums[4 * c + 2] + sums[4 * c + 3]);
         }
+        mins += half_at(block, 2) * dx * msum as f32;
+        let nib = block.as_ptr().add(if FIVE { 48 } else { 16 });
+        let mut isum = _mm256_setzero_si256();
         for c in 0..4 {
             let x0 = _mm256_loadu_si256(xq.add(64 * c) as *const __m256i);
             let x1 = _mm256_loadu_si256(xq.add(64 * c + 32) as *const __m256i);
-            for j in 0..R {
-                let block = rows[j].as_ptr().add(b * bytes);
-                let nib = block.add(if FIVE { 48 } else { 16 });
-                let n = _mm256_loadu_si256(nib.add(32 * c) as *const __m256i);
-                let mut w0 = _mm256_and_si256(n, low);
-                let mut w1 = _mm256_and_si256(_mm256_srli_epi16::<4>(n), low);
-                if FIVE {
-                    let high = _mm256_loadu_si256(block.add(16) as *const __m256i);
-                    let (bit0, bit1) = (
-                        _mm256_set1_epi8(1 << (2 * c)),
-                        _mm256_set1_epi8(2 << (2 * c)),
-                    );
-                    let sixteen = _mm256_set1_epi8(0x10);
-                    let h0 = _mm256_cmpeq_epi8(_mm256_and_si256(high, bit0), bit0);
-                    let h1 = _mm256_cmpeq_epi8(_mm256_and_si256(high, bit1), bit1);
-                    w0 = _mm256_or_si256(w0, _mm256_and_si256(h0, sixteen));
-                    w1 = _mm256_or_si256(w1, _mm256_and_si256(h1, sixteen));
-                }
-                let (sc0, sc1) = (scales[j][2 * c], scales[j][2 * c + 1]);
-                // each sub-block's exact sum times its integer scale (in i32: at most 63 · 32 · 31 · 127)
-                let (s0, s1) = if VNNI {
-                    (
-                        _mm256_mullo_epi32(dot32_plain::<VNNI>(w0, x0), _mm256_set1_epi32(sc0)),
-                        _mm256_mullo_epi32(dot32_plain::<VNNI>(w1, x1), _mm256_set1_epi32(sc1)),
-                    )
-                } else {
-                    (
-                        dot32(w0, x0, _mm256_set1_epi16(sc0 as i16)),
-                        dot32(w1, x1, _mm256_set1_epi16(sc1 as i16)),
-                    )
-                };
-                isum[j] = _mm256_add_epi32(isum[j], _mm256_add_epi32(s0, s1));
+            let n = _mm256_loadu_si256(nib.add(32 * c) as *const __m256i);
+            let mut w0 = _mm256_and_si256(n, low);
+            let mut w1 = _mm256_and_si256(_mm256_srli_epi16::<4>(n), low);
+            if FIVE {
+                let high = _mm256_loadu_si256(block.as_ptr().add(16) as *const __m256i);
+                let (bit0, bit1) = (
+                    _mm256_set1_epi8(1 << (2 * c)),
+                    _mm256_set1_epi8(2 << (2 * c)),
+                );
+                let sixteen = _mm256_set1_epi8(0x10);
+                let h0 = _mm256_cmpeq_epi8(_mm256_and_si256(high, bit0), bit0);
+                let h1 = _mm256_cmpeq_epi8(_mm256_and_si256(high, bit1), bit1);
+                w0 = _mm256_or_si256(w0, _mm256_and_si256(h0, sixteen));
+                w1 = _mm256_or_si256(w1, _mm256_and_si256(h1, sixteen));
             }
+            let (sc0, sc1) = (scales[2 * c], scales[2 * c + 1]);
+            // each sub-block's exact sum times its integer scale (in i32: at most 63 · 32 · 31 · 127)
+            let (s0, s1) = if VNNI {
+                (
+                    _mm256_mullo_epi32(dot32_plain::<VNNI>(w0, x0), _mm256_set1_epi32(sc0)),
+                    _mm256_mullo_epi32(dot32_plain::<VNNI>(w1, x1), _mm256_set1_epi32(sc1)),
+                )
+            } else {
+                (
+                    dot32(w0, x0, _mm256_set1_epi16(sc0 as i16)),
+                    dot32(w1, x1, _mm256_set1_epi16(sc1 as i16)),
+                )
+            };
+            isum = _mm256_add_epi32(isum, _mm256_add_epi32(s0, s1));
         }
-        for j in 0..R {
-            let d = half_ptr(rows[j].as_ptr().add(b * bytes));
-            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_set1_ps(d * dx), acc[j]);
-        }
+        let d = half_at(block, 0);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * dx), acc);
     }
-    let mut out = [0f32; R];
-    for j in 0..R {
-        out[j] = hsum(acc[j]) - mins[j];
-    }
-    out
+    hsum(acc) - mins
 }
 
-/// Q6_K: super-blocks of 256 in sixteen sub-blocks of 16 with int8 scales, values 6-bit minus 32;
-/// `R` rows against the same activations (as [`q45k_group`]).
+/// Q6_K: super-blocks of 256 in sixteen sub-blocks of 16 with int8 scales, values 6-bit minus 32.
 #[inline(always)]
-unsafe fn q6k_group<const R: usize>(rows: &[&[u8]; R], a: &Acts) -> [f32; R] {
+unsafe fn q6k_dot(row: &[u8], a: &Acts) -> f32 {
     let low = _mm256_set1_epi8(0x0F);
     let three = _mm256_set1_epi8(3);
-    let mut acc = [_mm256_setzero_ps(); R];
-    let mut bias = [0f32; R];
-    let blocks = rows[0].len() / 210;
-    for b in 0..blocks {
+    let mut acc = _mm256_setzero_ps();
+    let mut bias = 0f32;
+    for (b, block) in row.chunks_exact(210).enumerate() {
         let dx = *a.d.get_unchecked(b);
         let xq = a.q.as_ptr().add(QK_K * b);
         let sums = &a.sums16[16 * b..16 * b + 16];
-        for j in 0..R {
-            let block = &rows[j][b * 210..(b + 1) * 210];
-            let d = half_at(block, 208);
-            let sc = &block[192..208];
-            let bsum: i32 = (0..16).map(|s| (sc[s] as i8) as i32 * sums[s]).sum();
-            bias[j] += 32.0 * d * dx * bsum as f32;
-        }
-        let mut isum = [_mm256_setzero_si256(); R];
+        let d = half_at(block, 208);
+        let sc = &block[192..208];
+        let bsum: i32 = (0..16).map(|s| (sc[s] as i8) as i32 * sums[s]).sum();
+        bias += 32.0 * d * dx * bsum as f32;
+        let mut isum = _mm256_setzero_si256();
         for half in 0..2 {
+            let qh = _mm256_loadu_si256(block.as_ptr().add(128 + 32 * half) as *const __m256i);
             for g in 0..4 {
                 let x = _mm256_loadu_si256(xq.add(128 * half + 32 * g) as *const __m256i);
-                for j in 0..R {
-                    let block = rows[j].as_ptr().add(b * 210);
-                    let ql = block.add(64 * half + 32 * (g % 2));
-                    let l = _mm256_loadu_si256(ql as *const __m256i);
-                    let nib = if g < 2 {
-                        _mm256_and_si256(l, low)
-                    } else {
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(l), low)
-                    };
-                    let qh = _mm256_loadu_si256(block.add(128 + 32 * half) as *const __m256i);
-                    let hb = match g {
-                        0 => qh,
-                        1 => _mm256_srli_epi16::<2>(qh),
-                        2 => _mm256_srli_epi16::<4>(qh),
-                        _ => _mm256_srli_epi16::<6>(qh),
-                    };
-                    let w =
-                        _mm256_or_si256(nib, _mm256_slli_epi16::<4>(_mm256_and_si256(hb, three)));
-                    let s = 8 * half + 2 * g; // the group's two sub-blocks of 16
-                    let sc = block.add(192 + s);
-                    let scale = _mm256_set_m128i(
-                        _mm_set1_epi16((*sc.add(1) as i8) as i16),
-                        _mm_set1_epi16((*sc as i8) as i16),
-                    );
-                    isum[j] = _mm256_add_epi32(isum[j], dot32(w, x, scale));
-                }
+                let ql = block.as_ptr().add(64 * half + 32 * (g % 2));
+                let l = _mm256_loadu_si256(ql as *const __m256i);
+                let nib = if g < 2 {
+                    _mm256_and_si256(l, low)
+                } else {
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(l), low)
+                };
+                let hb = match g {
+                    0 => qh,
+                    1 => _mm256_srli_epi16::<2>(qh),
+                    2 => _mm256_srli_epi16::<4>(qh),
+                    _ => _mm256_srli_epi16::<6>(qh),
+                };
+                let w = _mm256_or_si256(nib, _mm256_slli_epi16::<4>(_mm256_and_si256(hb, three)));
+                let s = 8 * half + 2 * g; // the group's two sub-blocks of 16
+                let scale = _mm256_set_m128i(
+                    _mm_set1_epi16((sc[s + 1] as i8) as i16),
+                    _mm_set1_epi16((sc[s] as i8) as i16),
+                );
+                isum = _mm256_add_epi32(isum, dot32(w, x, scale));
             }
         }
-        for j in 0..R {
-            let d = half_ptr(rows[j].as_ptr().add(b * 210 + 208));
-            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_set1_ps(d * dx), acc[j]);
-        }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * dx), acc);
     }
-    let mut out = [0f32; R];
-    for j in 0..R {
-        out[j] = hsum(acc[j]) - bias[j];
-    }
-    out
+    hsum(acc) - bias
 }
