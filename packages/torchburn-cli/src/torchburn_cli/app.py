@@ -20,6 +20,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .models import list_models, pull, rm
+from .options import DeviceOpt, MaxOpt, ModelOpt, QuantOpt
+from .serve import serve
 
 app = typer.Typer(
     help="TorchBurn: a torch.compile backend with its own engines, and a local LLM runtime.", no_args_is_help=True
@@ -29,32 +31,6 @@ cache_app = typer.Typer(help="TorchBurn's compiled-program cache.", no_args_is_h
 app.add_typer(cache_app, name="cache")
 err = Console(stderr=True)
 
-ModelOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--model",
-        "-m",
-        help=(
-            "A checkpoint folder, a .gguf file or a Hub id (org/name, or org/name:QUANT for one file of a GGUF "
-            "repo: the HF cache, else downloaded) [default: the embedded SmolLM2-135M-Instruct]"
-        ),
-    ),
-]
-QuantOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--quant",
-        "-q",
-        help=(
-            "Weight format: stored (a .gguf file's own types, read in place, as llama.cpp runs them), fp32, "
-            "bf16, int8 (per channel) or int4 (blocks of 32) [default: stored for a .gguf file; for a "
-            "checkpoint folder int4, the fastest format within the quality gates (top-1 agreement with fp32 "
-            "96.9%, perplexity +0.3% on SmolLM2), or fp32 where a matrix's rows are not whole blocks of 32]"
-        ),
-    ),
-]
-DeviceOpt = Annotated[str, typer.Option("--device", "-d", help="Where to run: cpu (or auto)")]
-MaxOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", min=0, help="Tokens to generate at most")]
 Command = TypeVar("Command", bound=Callable[..., Any])
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_STDOUT_CLOSED = 141  # 128 + SIGPIPE
@@ -343,7 +319,7 @@ def cache_clear() -> None:
     print("cache cleared")
 
 
-for command in (generate, chat, benchmark, accuracy, pull):
+for command in (generate, chat, benchmark, accuracy, pull, serve):
     app.command()(_unix(command))
     llm_app.command()(_unix(command))
 for group in (app, llm_app):

@@ -5,6 +5,7 @@ recurses is a :class:`ChatTemplateError` naming the limit."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,9 @@ def render(
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise ValueError(f"message {i} must be a dict with string 'role' and 'content', got {m!r}")
     given = sum(len(m["role"]) + len(m["content"]) for m in messages)
-    limits = (limits or TemplateLimits()).for_input(given + sum(len(v) for v in extra.values() if isinstance(v, str)))
+    # further variables (a tool list) are part of the input too: the output may quote them
+    given += sum(len(v) if isinstance(v, str) else len(json.dumps(v, default=str)) for v in extra.values())
+    limits = (limits or TemplateLimits()).for_input(given)
     if len(template) > limits.source:
         raise ChatTemplateError(
             f"the chat template hit its length limit: it is {len(template):,} characters long "

@@ -208,7 +208,11 @@ class LLM:
         """The continuation of ``prompt`` as text (options as for :meth:`stream`)."""
         return "".join(self.stream(prompt, max_new_tokens, **options))
 
-    def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any
+    ) -> str:
+        """The prompt the model's chat template makes of ``messages``; ``extra`` are further template
+        variables (``tools=[...]`` for a template that formats tool definitions)."""
         if self.chat_template is None:
             raise ModelLoadError("this model ships no chat template; use generate() with a plain prompt")
         tokens = self.tokenizer
@@ -219,7 +223,7 @@ class LLM:
         ):
             if tid is not None and tokens is not None:
                 special[key] = tokens.id_to_token(int(tid))
-        return chat_template.render(self.chat_template, messages, add_generation_prompt, **special)
+        return chat_template.render(self.chat_template, messages, add_generation_prompt, **extra, **special)
 
     def chat_completion(self, messages: Sequence[dict[str, str]], max_new_tokens: int = 256, **options: Any) -> str:
         """The assistant's reply to ``messages`` (dicts with ``role`` and ``content``)."""

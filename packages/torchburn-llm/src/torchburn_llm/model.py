@@ -179,11 +179,31 @@ class Transformer:
             return torch.empty(0, self.cfg.vocab_size)
         if int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size:
             raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size}), got {ids.min()}..{ids.max()}")
-        start = cache.length
         if t == 1 and self.native_decode:
             return self._decode_step(int(ids[0]), cache)
         if t > 1 and self.native_prefill:
             return self._native_prefill(ids, cache, last_only)
+        x = self._residual(ids, cache)  # [T, H]
+        if last_only:
+            x = x[-1:]
+        logits = self.lm_head(rms_norm(x, self.norm, self.cfg.rms_eps))  # [T, V]
+        cap = self.cfg.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    @torch.no_grad()
+    def hidden_states(self, ids: torch.Tensor) -> torch.Tensor:
+        """The final normed hidden states [T, H] of the tokens ``ids`` [T] from position 0, in a cache of
+        their own (what an embedding pools)."""
+        t = int(ids.shape[0])
+        if t == 0 or int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size:
+            raise ValueError(f"token ids must be a non-empty run in [0, {self.cfg.vocab_size})")
+        if t > self.cfg.max_position:
+            raise ContextLengthError(f"{t} tokens exceed the model's context of {self.cfg.max_position}")
+        return rms_norm(self._residual(ids, self.new_cache(t)), self.norm, self.cfg.rms_eps)
+
+    def _residual(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """The residual stream [T, H] after every layer, in tensor code; the keys and values join ``cache``."""
+        start, t = cache.length, int(ids.shape[0])
         eps = self.cfg.rms_eps
         positions = torch.arange(start, start + t)
         rotary = self._rotary_rows(start, t)  # (cos, sin) [T, R] of the main and the local table
@@ -196,11 +216,7 @@ class Transformer:
             m = self._mlp(layer, rms_norm(x, layer.ln_mlp, eps))
             x = x + (m if layer.post_mlp_norm is None else rms_norm(m, layer.post_mlp_norm, eps))
         cache.length = start + t
-        if last_only:
-            x = x[-1:]
-        logits = self.lm_head(rms_norm(x, self.norm, eps))  # [T, V]
-        cap = self.cfg.final_softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        return x
 
     def _rotary_rows(self, start: int, t: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """cos and sin rows [T, R] of positions ``start .. start + t``: the main table's, then the

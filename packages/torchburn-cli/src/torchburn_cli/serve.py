@@ -1,0 +1,61 @@
+"""``torchburn serve``: the model behind an OpenAI-compatible HTTP API and a chat page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .options import DeviceOpt, ModelOpt, QuantOpt
+
+
+def model_name(model: str | None) -> str:
+    """The name clients see in ``/v1/models``: a Hub id as given, a file or folder by its name."""
+    if model is None:
+        return "SmolLM2-135M-Instruct"
+    path = Path(model)
+    if path.exists():
+        return path.name.removesuffix(".gguf")
+    return model
+
+
+def serve(
+    model: ModelOpt = None,
+    quant: QuantOpt = None,
+    device: DeviceOpt = "cpu",
+    host: Annotated[str, typer.Option(help="Address to listen on (another than loopback exposes the model)")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on")] = 8080,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            envvar="TORCHBURN_API_KEY",
+            help="Require 'Authorization: Bearer KEY' on every route (the page asks for it as a password)",
+        ),
+    ] = None,
+    alias: Annotated[str | None, typer.Option(help="The model's name in the API [default: from --model]")] = None,
+    max_batch: Annotated[int, typer.Option(min=1, help="Sequences decoded together in one step")] = 16,
+    max_requests: Annotated[int, typer.Option(min=1, help="Requests in flight; more are refused with 429")] = 64,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Tokens one request may generate")] = 2048,
+    max_prompt_tokens: Annotated[
+        int | None, typer.Option(min=1, help="Prompt tokens one request may send [default: the context less one]")
+    ] = None,
+    max_body_bytes: Annotated[int, typer.Option(min=1, help="Largest request body accepted")] = 1 << 20,
+) -> None:
+    """Serve the model over the OpenAI API (chat and text completions, embeddings) with a chat page at /."""
+    from torchburn_serve import Limits, run
+
+    from .app import _load
+
+    limits = Limits(
+        max_body_bytes=max_body_bytes,
+        max_prompt_tokens=max_prompt_tokens,
+        max_tokens=max_tokens,
+        max_requests=max_requests,
+        max_batch=max_batch,
+    )
+    llm = _load(model, quant, device)
+    run(llm, alias or model_name(model), host=host, port=port, api_key=api_key, limits=limits)

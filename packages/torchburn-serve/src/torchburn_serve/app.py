@@ -1,0 +1,404 @@
+"""The HTTP routes: OpenAI's chat and text completions (whole or streamed as server-sent events),
+embeddings and models, ``/health``, and the chat page at ``/``.
+
+Each generation is a job for the :class:`~torchburn_serve.engine.Engine`; its deltas come back on the
+event loop and are written out as they arrive. A client that goes away cancels its job (a stream's
+task is cancelled by the server; a whole answer's wait checks the connection), which frees its
+sequence's place in the batch and its KV cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from importlib import resources
+from typing import Any
+
+import numpy as np
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from torchburn_llm.llm import LLM
+
+from . import responses, tools
+from .engine import Delta, Engine, Handle, Job
+from .errors import APIError, bad_request, error_body
+from .guard import Guard
+from .jobs import JobMaker
+from .limits import Limits
+from .protocol import ChatRequest, CompletionRequest, EmbeddingRequest, parse
+
+log = logging.getLogger("torchburn.serve")
+STATIC = resources.files("torchburn_serve") / "static"
+# the page loads nothing from elsewhere and runs no inline script
+_PAGE_HEADERS = {
+    "content-security-policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+    "x-content-type-options": "nosniff",
+    "cache-control": "no-cache",
+}
+_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+_DISCONNECT_POLL_S = 0.25
+
+
+class Server:
+    """The state behind the routes: the model, its engine, the limits and the requests in flight."""
+
+    def __init__(self, llm: LLM, model_id: str, limits: Limits) -> None:
+        self.llm, self.model_id, self.limits = llm, model_id, limits
+        self.engine = Engine(llm, limits)
+        self.jobs = JobMaker(llm, limits)
+        self.in_flight = 0
+        self.started = int(time.time())
+
+    def claim(self) -> Callable[[], None]:
+        """A place among the requests in flight (429 where there is none); call the result to give it back."""
+        if self.in_flight >= self.limits.max_requests:
+            raise APIError(
+                429,
+                f"the server is busy: {self.in_flight} requests in flight (at most {self.limits.max_requests}); retry later",
+                code="too_many_requests",
+            )
+        self.in_flight += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.in_flight -= 1
+
+        return release
+
+    def submit(self, job: Job) -> Handle:
+        handle = Handle(job, asyncio.get_running_loop())
+        self.engine.submit(handle)
+        return handle
+
+
+def create_app(llm: LLM, model_id: str, limits: Limits | None = None, api_key: str | None = None) -> FastAPI:
+    """The ASGI app serving ``llm`` under the name ``model_id``."""
+    server = Server(llm, model_id, limits or Limits())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        server.engine.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(server.engine.shutdown)
+
+    app = FastAPI(title="TorchBurn", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.server = server
+    app.add_middleware(Guard, api_key=api_key, max_body_bytes=server.limits.max_body_bytes)
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, exc: APIError) -> Response:
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> Response:
+        log.exception("request failed")
+        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}"), status_code=500)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": server.model_id, **server.engine.stats()}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [_model_card(server)]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        if model_id != server.model_id:
+            raise APIError(404, f"model {model_id!r} is not served here; this server serves {server.model_id!r}")
+        return _model_card(server)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        req: ChatRequest = parse(await request.body(), ChatRequest)
+        release = server.claim()
+        try:
+            made = await asyncio.to_thread(server.jobs.chat, req)
+            handle = server.submit(made.job)
+        except BaseException:
+            release()
+            raise
+        answer = responses.Answer("chatcmpl", server.model_id)
+        if req.stream:
+            return StreamingResponse(
+                _chat_stream(handle, answer, made.tool_plan, req.include_usage, req.logprobs, release),
+                media_type="text/event-stream",
+                headers=_SSE_HEADERS,
+            )
+        try:
+            deltas = await _collect(handle, request)
+        finally:
+            release()
+        text, logprobs, finish = _joined(deltas, answer)
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if made.tool_plan is not None and finish != "length":
+            content, calls = tools.read_answer(text, made.tool_plan)
+            message["content"] = content
+            if calls:
+                message["tool_calls"], finish = calls, "tool_calls"
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": responses.chat_logprobs(logprobs) if req.logprobs else None,
+            "finish_reason": finish,
+        }
+        return JSONResponse({**answer.head("chat.completion"), "choices": [choice], "usage": answer.usage()})
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        req: CompletionRequest = parse(await request.body(), CompletionRequest)
+        release = server.claim()
+        try:
+            job, prompt_text = await asyncio.to_thread(server.jobs.completion, req)
+            handle = server.submit(job)
+        except BaseException:
+            release()
+            raise
+        answer = responses.Answer("cmpl", server.model_id)
+        echo = prompt_text if req.echo else ""
+        if req.stream:
+            return StreamingResponse(
+                _completion_stream(handle, answer, echo, req.include_usage, req.logprobs is not None, release),
+                media_type="text/event-stream",
+                headers=_SSE_HEADERS,
+            )
+        try:
+            deltas = await _collect(handle, request)
+        finally:
+            release()
+        text, logprobs, finish = _joined(deltas, answer)
+        choice = {
+            "index": 0,
+            "text": echo + text,
+            "logprobs": None if req.logprobs is None else responses.completion_logprobs(logprobs, len(echo)),
+            "finish_reason": finish,
+        }
+        return JSONResponse({**answer.head("text_completion"), "choices": [choice], "usage": answer.usage()})
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        req: EmbeddingRequest = parse(await request.body(), EmbeddingRequest)
+        if req.dimensions is not None and req.dimensions != server.llm.config.hidden_size:
+            raise bad_request(
+                f"dimensions must be this model's hidden size, {server.llm.config.hidden_size}", "dimensions"
+            )
+        inputs = _embedding_inputs(server, req)
+        release = server.claim()
+        try:
+            future = server.engine.call(lambda: [_embed(server.llm, ids) for ids in inputs])
+            vectors: list[torch.Tensor] = await asyncio.wrap_future(future)
+        finally:
+            release()
+        data = [
+            {"object": "embedding", "index": i, "embedding": _encoded(v, req.encoding_format)}
+            for i, v in enumerate(vectors)
+        ]
+        tokens = sum(len(ids) for ids in inputs)
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return JSONResponse({"object": "list", "data": data, "model": server.model_id, "usage": usage})
+
+    @app.get("/")
+    async def page() -> Response:
+        return FileResponse(str(STATIC / "index.html"), headers=_PAGE_HEADERS)
+
+    app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
+    return app
+
+
+def _model_card(server: Server) -> dict[str, Any]:
+    cfg = server.llm.config
+    return {
+        "id": server.model_id,
+        "object": "model",
+        "created": server.started,
+        "owned_by": "torchburn",
+        "meta": {
+            "architecture": server.llm.architecture.name,
+            "quant": server.llm.model.quant,
+            "n_ctx": cfg.max_position,
+            "n_vocab": cfg.vocab_size,
+            "n_embd": cfg.hidden_size,
+        },
+    }
+
+
+async def _collect(handle: Handle, request: Request) -> list[Delta]:
+    """Every delta of ``handle`` up to its last, cancelling the job if the client goes away meanwhile."""
+    deltas: list[Delta] = []
+    stream = handle.deltas()
+    try:
+        while True:
+            step = asyncio.ensure_future(anext(stream))
+            while True:
+                done, _ = await asyncio.wait({step}, timeout=_DISCONNECT_POLL_S)
+                if done:
+                    break
+                if await request.is_disconnected():
+                    step.cancel()
+                    handle.cancel()
+                    raise asyncio.CancelledError
+            try:
+                delta = step.result()
+            except StopAsyncIteration:
+                return deltas
+            if delta.error is not None:
+                raise delta.error
+            deltas.append(delta)
+            if delta.finish is not None:
+                return deltas
+    except BaseException:
+        handle.cancel()
+        raise
+
+
+def _joined(deltas: list[Delta], answer: responses.Answer) -> tuple[str, list[Any], str]:
+    last = deltas[-1]
+    answer.prompt_tokens, answer.completion_tokens, answer.cached_tokens = (
+        last.prompt_tokens,
+        last.completion_tokens,
+        last.cached_tokens,
+    )
+    logprobs = [lp for d in deltas for lp in d.logprobs]
+    return "".join(d.text for d in deltas), logprobs, last.finish or "stop"
+
+
+async def _chat_stream(
+    handle: Handle,
+    answer: responses.Answer,
+    tool_plan: tools.ToolPlan | None,
+    include_usage: bool,
+    logprobs: bool,
+    release: Callable[[], None],
+) -> AsyncIterator[bytes]:
+    usage_field = {"usage": None} if include_usage else {}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, lps: Any = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish}
+        return responses.sse({**answer.head("chat.completion.chunk"), "choices": [choice], **usage_field})
+
+    held: list[str] = []  # a tool-calling answer is read whole before it is sent
+    try:
+        yield chunk({"role": "assistant", "content": ""})
+        async for delta in handle.deltas():
+            if delta.error is not None:
+                yield responses.sse(delta.error.body())
+                return
+            answer.prompt_tokens, answer.completion_tokens = delta.prompt_tokens, delta.completion_tokens
+            answer.cached_tokens = delta.cached_tokens
+            lps = responses.chat_logprobs(delta.logprobs) if logprobs and delta.logprobs else None
+            if tool_plan is not None:
+                held.append(delta.text)
+            elif delta.text or lps is not None:
+                yield chunk({"content": delta.text}, lps=lps)
+            if delta.finish is not None:
+                finish = delta.finish
+                if tool_plan is not None:
+                    text = "".join(held)
+                    content, calls = tools.read_answer(text, tool_plan) if finish != "length" else (text, [])
+                    if content:
+                        yield chunk({"content": content})
+                    if calls:
+                        indexed = [{"index": i, **c} for i, c in enumerate(calls)]
+                        yield chunk({"tool_calls": indexed})
+                        finish = "tool_calls"
+                yield chunk({}, finish)
+                if include_usage:
+                    yield responses.sse({**answer.head("chat.completion.chunk"), "choices": [], "usage": answer.usage()})
+        yield responses.sse("[DONE]")
+    finally:
+        handle.cancel()
+        release()
+
+
+async def _completion_stream(
+    handle: Handle,
+    answer: responses.Answer,
+    echo: str,
+    include_usage: bool,
+    logprobs: bool,
+    release: Callable[[], None],
+) -> AsyncIterator[bytes]:
+    usage_field = {"usage": None} if include_usage else {}
+    offset = len(echo)
+
+    def chunk(text: str, finish: str | None = None, lps: Any = None) -> bytes:
+        choice = {"index": 0, "text": text, "logprobs": lps, "finish_reason": finish}
+        return responses.sse({**answer.head("text_completion"), "choices": [choice], **usage_field})
+
+    try:
+        if echo:
+            yield chunk(echo)
+        async for delta in handle.deltas():
+            if delta.error is not None:
+                yield responses.sse(delta.error.body())
+                return
+            answer.prompt_tokens, answer.completion_tokens = delta.prompt_tokens, delta.completion_tokens
+            answer.cached_tokens = delta.cached_tokens
+            lps = responses.completion_logprobs(delta.logprobs, offset) if logprobs and delta.logprobs else None
+            offset += len(delta.text)
+            if delta.text or lps is not None or delta.finish is not None:
+                yield chunk(delta.text, delta.finish, lps)
+            if delta.finish is not None and include_usage:
+                yield responses.sse({**answer.head("text_completion"), "choices": [], "usage": answer.usage()})
+        yield responses.sse("[DONE]")
+    finally:
+        handle.cancel()
+        release()
+
+
+def _embedding_inputs(server: Server, req: EmbeddingRequest) -> list[list[int]]:
+    raw = req.input
+    if isinstance(raw, str):
+        items: list[Any] = [raw]
+    elif raw and isinstance(raw[0], int):
+        items = [raw]
+    else:
+        items = list(raw)
+    if not items or len(items) > server.limits.max_embedding_inputs:
+        raise bad_request(f"input must hold 1 to {server.limits.max_embedding_inputs} items", "input")
+    vocab = server.llm.config.vocab_size
+    out = []
+    for i, item in enumerate(items):
+        if isinstance(item, str):
+            try:
+                ids = server.llm.encode(item)
+            except ValueError as exc:
+                raise bad_request(str(exc), "input") from None
+        else:
+            ids = list(item)
+            if any(not 0 <= t < vocab for t in ids):
+                raise bad_request(f"input[{i}]: token ids must lie in [0, {vocab})", "input")
+        if not ids:
+            raise bad_request(f"input[{i}] is empty", "input")
+        server.jobs.check_prompt(len(ids), "input")
+        out.append(ids)
+    return out
+
+
+def _embed(llm: LLM, ids: list[int]) -> torch.Tensor:
+    """The mean of the final (normed) hidden states over the input's tokens, L2-normalized: [H]."""
+    hidden = llm.model.hidden_states(torch.tensor(ids))  # [T, H]
+    pooled = hidden.mean(dim=0)
+    return pooled / pooled.norm().clamp_min(1e-12)
+
+
+def _encoded(vector: torch.Tensor, encoding: str) -> Any:
+    if encoding == "base64":
+        return base64.b64encode(vector.numpy().astype(np.float32).tobytes()).decode()
+    return vector.tolist()

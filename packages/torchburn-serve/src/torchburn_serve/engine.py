@@ -1,0 +1,345 @@
+"""One decode loop for every request: continuous batching.
+
+The engine thread owns the model. Requests wait in a queue; between two decode steps the loop admits
+as many as there are free places in the batch (each prompt's prefill runs then, reusing the longest
+cached prefix), and drops those that finished or whose client went away. Each step runs the next
+token of every running sequence in one native call (``Transformer.decode_batch``: the weights are
+read once for the whole batch, which is what makes many users cheaper than one after the other),
+then samples each sequence's token under its own settings, seed, stop strings and grammar, and hands
+the text to the request's queue on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import torch
+from torchburn_llm.llm import LLM
+from torchburn_llm.model import KVCache
+from torchburn_llm.sampling import Sampler, SamplingParams
+from torchburn_llm.streaming import TextStream
+
+from .errors import APIError
+from .grammar import Constraint
+from .limits import Limits
+from .prefix_cache import PrefixCache, cache_bytes, common_prefix
+
+log = logging.getLogger("torchburn.serve")
+CACHE_GRANULE = 256  # KV caches are sized in multiples of this many positions
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: int
+    text: str
+    logprob: float
+    top: list[tuple[int, str, float]]  # (id, text, logprob) of the most likely tokens, best first
+
+
+@dataclass
+class Delta:
+    """What one step adds to a request's answer; the last one has ``finish`` (or ``error``)."""
+
+    text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish: str | None = None  # "stop" (EOS, a stop string, the grammar's end) or "length"
+    error: APIError | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose keys and values came from an earlier request
+
+
+@dataclass
+class Job:
+    prompt: list[int]
+    max_tokens: int
+    params: SamplingParams
+    stop: tuple[str, ...] = ()
+    top_logprobs: int | None = None  # None: no logprobs; n: the sampled token's and the n best
+    constraint: Constraint | None = None
+
+
+class Handle:
+    """A submitted job as the event loop sees it: its deltas arrive on an asyncio queue."""
+
+    def __init__(self, job: Job, loop: asyncio.AbstractEventLoop) -> None:
+        self.job, self._loop = job, loop
+        self._queue: asyncio.Queue[Delta] = asyncio.Queue()
+        self.cancelled = False
+
+    def put(self, delta: Delta) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, delta)
+        except RuntimeError:  # the event loop is gone: the server is shutting down
+            pass
+
+    def cancel(self) -> None:
+        """Stop generating (the client went away); the engine frees the sequence's KV cache."""
+        self.cancelled = True
+
+    async def deltas(self) -> AsyncIterator[Delta]:
+        while True:
+            delta = await self._queue.get()
+            yield delta
+            if delta.finish is not None or delta.error is not None:
+                return
+
+
+@dataclass
+class _Sequence:
+    handle: Handle
+    cache: KVCache
+    ids: list[int]  # the tokens whose keys and values the cache holds
+    sampler: Sampler
+    text: TextStream
+    cached: int
+    generated: int = 0
+    next_token: int = -1  # sampled, to run in the next step
+    done: bool = False
+
+    @property
+    def job(self) -> Job:
+        return self.handle.job
+
+
+class Engine:
+    def __init__(self, llm: LLM, limits: Limits) -> None:
+        self.llm, self.model, self.limits = llm, llm.model, limits
+        self.eos = frozenset(llm.eos_ids)
+        self._incoming: queue.SimpleQueue[Handle | _Call] = queue.SimpleQueue()
+        self._waiting: deque[Handle] = deque()
+        self._active: list[_Sequence] = []
+        self._prefixes = PrefixCache(limits.prefix_cache_bytes)
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="torchburn-engine", daemon=True)
+        self.steps = 0  # batched decode steps run
+        self.step_tokens = 0  # tokens those steps decoded
+        self._token_text = lru_cache(maxsize=65536)(self._decode_one)
+
+    # --- from the event loop -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, handle: Handle) -> None:
+        self._incoming.put(handle)
+        self._wake.set()
+
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        """Run ``fn`` on the engine thread between two steps (the model is not shared between threads)."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._incoming.put(_Call(fn, future))
+        self._wake.set()
+        return future
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Finish the current step, answer every request still open with a 503, stop the thread."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def stats(self) -> dict[str, int]:
+        active = list(self._active)
+        return {
+            "requests_decoding": len(active),
+            "requests_waiting": len(self._waiting) + self._incoming.qsize(),
+            "kv_cache_bytes": sum(cache_bytes(s.cache) for s in active),
+            "prefix_cache_entries": len(self._prefixes),
+            "prefix_cache_bytes": self._prefixes.nbytes,
+            "decode_steps": self.steps,
+            "decode_step_tokens": self.step_tokens,
+        }
+
+    # --- the engine thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            self._drain()
+            if self._stopping:
+                break
+            self._drop_cancelled()
+            self._admit()
+            if self._active:
+                self._step()
+            elif not self._waiting:
+                self._wake.wait(0.5)
+        closing = APIError(503, "the server is shutting down", code="server_shutting_down")
+        for seq in self._active:
+            seq.handle.put(Delta(error=closing))
+        for handle in self._waiting:
+            handle.put(Delta(error=closing))
+        self._active, self._waiting = [], deque()
+        self._prefixes.clear()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                item = self._incoming.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, _Call):
+                item.run()
+            else:
+                self._waiting.append(item)
+
+    def _drop_cancelled(self) -> None:
+        kept = []
+        for seq in self._active:
+            if seq.handle.cancelled:
+                seq.done = True  # its cache goes with it
+            else:
+                kept.append(seq)
+        self._active = kept
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._active) < self.limits.max_batch:
+            handle = self._waiting.popleft()
+            if handle.cancelled:
+                continue
+            try:
+                seq = self._prefill(handle)
+            except Exception as exc:
+                log.exception("prefill failed")
+                handle.put(Delta(error=APIError(500, f"generation failed: {exc}", code="generation_failed")))
+                continue
+            if not seq.done:
+                self._active.append(seq)
+
+    def _prefill(self, handle: Handle) -> _Sequence:
+        job = handle.job
+        need = len(job.prompt) + job.max_tokens
+        capacity = min(self.llm.config.max_position, -(-need // CACHE_GRANULE) * CACHE_GRANULE)
+        cache, reused = self._cache_for(job.prompt, capacity)
+        reused = min(reused, len(job.prompt) - 1)  # at least one token runs, for its logits
+        cache.reset(reused)
+        logits = self.model.forward(torch.tensor(job.prompt[reused:]), cache, last_only=True)[-1]
+        tokenizer = self.llm.tokenizer
+        seq = _Sequence(handle, cache, list(job.prompt), Sampler(job.params), TextStream(tokenizer, job.stop), reused)
+        self._next(seq, logits)
+        return seq
+
+    def _cache_for(self, prompt: Sequence[int], capacity: int) -> tuple[KVCache, int]:
+        """A cache of ``capacity`` positions holding as long a prefix of ``prompt`` as any cache has:
+        an idle one taken over, or a running sequence's prefix copied."""
+        donor, shared = None, 0
+        for seq in self._active:
+            n = common_prefix(seq.ids, prompt)
+            if n > shared:
+                donor, shared = seq, n
+        taken = self._prefixes.take(prompt, capacity, longer_than=shared)
+        if taken is not None:
+            return taken
+        cache = self.model.new_cache(capacity)
+        if donor is not None:
+            # [L, KVH, S, D]: the shared positions of every layer and head
+            cache.keys[:, :, :shared] = donor.cache.keys[:, :, :shared]
+            cache.values[:, :, :shared] = donor.cache.values[:, :, :shared]
+            cache.length = shared
+        return cache, shared
+
+    def _step(self) -> None:
+        seqs = self._active
+        tokens = [s.next_token for s in seqs]
+        try:
+            logits = self._decode(tokens, [s.cache for s in seqs])  # [B, V]
+        except Exception as exc:
+            log.exception("decode step failed")
+            failure = APIError(500, f"generation failed: {exc}", code="generation_failed")
+            for seq in seqs:
+                seq.handle.put(Delta(error=failure))
+            self._active = []
+            return
+        self.steps += 1
+        self.step_tokens += len(seqs)
+        for seq, token, row in zip(seqs, tokens, logits, strict=True):
+            seq.ids.append(token)
+            self._next(seq, row)
+        self._active = [s for s in seqs if not s.done]
+
+    def _decode(self, tokens: list[int], caches: list[KVCache]) -> torch.Tensor:
+        decode_batch = getattr(self.model, "decode_batch", None)
+        if decode_batch is not None:
+            return decode_batch(tokens, caches)
+        rows = [self.model.forward(torch.tensor([t]), c, last_only=True) for t, c in zip(tokens, caches, strict=True)]
+        return torch.cat(rows)
+
+    def _next(self, seq: _Sequence, logits: torch.Tensor) -> None:
+        """Sample ``seq``'s next token from ``logits`` [V] and hand on what it adds."""
+        job = seq.job
+        scores = logits
+        if job.constraint is not None:
+            scores = job.constraint.mask(logits)
+            if not bool(torch.isfinite(scores).any()):
+                self._fail(seq, f"the output grammar allows no next token ({job.constraint.error or 'dead end'})")
+                return
+        token = seq.sampler(scores, seq.ids)
+        delta = Delta(prompt_tokens=len(job.prompt), cached_tokens=seq.cached)
+        if token in self.eos:  # under a grammar, only allowed once the answer is complete
+            self._finish(seq, delta, "stop")
+            return
+        if job.top_logprobs is not None:
+            delta.logprobs.append(self._logprob(logits, token, job.top_logprobs))
+        seq.generated += 1
+        if job.constraint is not None:
+            job.constraint.advance(token)
+        delta.text = seq.text.push(token)
+        if seq.text.stopped or (job.constraint is not None and job.constraint.done):
+            self._finish(seq, delta, "stop")
+        elif seq.generated >= job.max_tokens:
+            self._finish(seq, delta, "length")
+        else:
+            seq.next_token = token
+            delta.completion_tokens = seq.generated
+            seq.handle.put(delta)
+
+    def _finish(self, seq: _Sequence, delta: Delta, reason: str) -> None:
+        delta.text += seq.text.finish()
+        delta.finish, delta.completion_tokens = reason, seq.generated
+        seq.done = True
+        seq.handle.put(delta)
+        if not seq.handle.cancelled:
+            self._prefixes.put(seq.ids, seq.cache)
+
+    def _fail(self, seq: _Sequence, message: str) -> None:
+        seq.done = True
+        seq.handle.put(Delta(error=APIError(500, message, code="generation_failed")))
+
+    def _logprob(self, logits: torch.Tensor, token: int, top: int) -> TokenLogprob:
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        best = torch.topk(logp, top) if top > 0 else None
+        listed = [] if best is None else list(zip(best.indices.tolist(), best.values.tolist(), strict=True))
+        return TokenLogprob(
+            token,
+            self._token_text(token),
+            float(logp[token]),
+            [(i, self._token_text(i), v) for i, v in listed],
+        )
+
+    def _decode_one(self, token: int) -> str:
+        return str(self.llm.tokenizer.decode([token], skip_special_tokens=False))
+
+
+@dataclass
+class _Call:
+    fn: Callable[[], Any]
+    future: concurrent.futures.Future[Any]
+
+    def run(self) -> None:
+        if not self.future.set_running_or_notify_cancel():
+            return
+        try:
+            self.future.set_result(self.fn())
+        except BaseException as exc:
+            self.future.set_exception(exc)
