@@ -213,6 +213,10 @@ def lint(session: nox.Session) -> None:
         "jinja2",
         "typer",
         "rich",
+        "fastapi",
+        "uvicorn",
+        "llguidance",
+        "numpy",
     )
     session.run("ruff", "format", "--check", ".")
     session.run("ruff", "check", ".")

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from fake_hub import FakeHub, Repo, hub_env, random_bytes, serve
 
 GGUF_FILES = {

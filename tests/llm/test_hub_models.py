@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_hub import FakeHub, Repo, hub_env, random_bytes, serve
 
+from fake_hub import FakeHub, Repo, hub_env, random_bytes, serve
 from helpers import run_python
 
 GGUF_FILES = {

@@ -24,10 +24,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
 from torchburn_llm.llm import LLM
 
 from . import responses, tools
-from .engine import Delta, Engine, Handle, Job
+from .engine import CANCELLED, Delta, Engine, Handle, Job
 from .errors import APIError, bad_request, error_body
 from .guard import Guard
 from .jobs import JobMaker
@@ -42,8 +43,9 @@ _PAGE_HEADERS = {
     "x-content-type-options": "nosniff",
     "cache-control": "no-cache",
 }
+# nginx's status for a request whose client went away before the answer (nobody receives it)
+CLIENT_CLOSED = 499
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-_DISCONNECT_POLL_S = 0.25
 
 
 class Server:
@@ -61,7 +63,8 @@ class Server:
         if self.in_flight >= self.limits.max_requests:
             raise APIError(
                 429,
-                f"the server is busy: {self.in_flight} requests in flight (at most {self.limits.max_requests}); retry later",
+                f"the server is busy: {self.in_flight} requests in flight "
+                f"(at most {self.limits.max_requests}); retry later",
                 code="too_many_requests",
             )
         self.in_flight += 1
@@ -112,7 +115,12 @@ def create_app(llm: LLM, model_id: str, limits: Limits | None = None, api_key: s
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": server.model_id, **server.engine.stats()}
+        return {
+            "status": "ok",
+            "model": server.model_id,
+            "requests_in_flight": server.in_flight,
+            **server.engine.stats(),
+        }
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -145,6 +153,8 @@ def create_app(llm: LLM, model_id: str, limits: Limits | None = None, api_key: s
             deltas = await _collect(handle, request)
         finally:
             release()
+        if deltas is None:
+            return Response(status_code=CLIENT_CLOSED)
         text, logprobs, finish = _joined(deltas, answer)
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if made.tool_plan is not None and finish != "length":
@@ -182,6 +192,8 @@ def create_app(llm: LLM, model_id: str, limits: Limits | None = None, api_key: s
             deltas = await _collect(handle, request)
         finally:
             release()
+        if deltas is None:
+            return Response(status_code=CLIENT_CLOSED)
         text, logprobs, finish = _joined(deltas, answer)
         choice = {
             "index": 0,
@@ -238,33 +250,28 @@ def _model_card(server: Server) -> dict[str, Any]:
     }
 
 
-async def _collect(handle: Handle, request: Request) -> list[Delta]:
-    """Every delta of ``handle`` up to its last, cancelling the job if the client goes away meanwhile."""
+async def _collect(handle: Handle, request: Request) -> list[Delta] | None:
+    """Every delta of ``handle`` up to its last; None where the client went away meanwhile, which
+    cancels the job (the body has been read, so the next message the connection delivers is its end)."""
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        handle.cancel()
+
+    watcher = asyncio.create_task(watch())
     deltas: list[Delta] = []
-    stream = handle.deltas()
     try:
-        while True:
-            step = asyncio.ensure_future(anext(stream))
-            while True:
-                done, _ = await asyncio.wait({step}, timeout=_DISCONNECT_POLL_S)
-                if done:
-                    break
-                if await request.is_disconnected():
-                    step.cancel()
-                    handle.cancel()
-                    raise asyncio.CancelledError
-            try:
-                delta = step.result()
-            except StopAsyncIteration:
-                return deltas
+        async for delta in handle.deltas():
+            if delta.finish == CANCELLED:
+                return None
             if delta.error is not None:
                 raise delta.error
             deltas.append(delta)
-            if delta.finish is not None:
-                return deltas
-    except BaseException:
+        return deltas
+    finally:
+        watcher.cancel()
         handle.cancel()
-        raise
 
 
 def _joined(deltas: list[Delta], answer: responses.Answer) -> tuple[str, list[Any], str]:
@@ -319,7 +326,9 @@ async def _chat_stream(
                         finish = "tool_calls"
                 yield chunk({}, finish)
                 if include_usage:
-                    yield responses.sse({**answer.head("chat.completion.chunk"), "choices": [], "usage": answer.usage()})
+                    yield responses.sse(
+                        {**answer.head("chat.completion.chunk"), "choices": [], "usage": answer.usage()}
+                    )
         yield responses.sse("[DONE]")
     finally:
         handle.cancel()
@@ -393,9 +402,10 @@ def _embedding_inputs(server: Server, req: EmbeddingRequest) -> list[list[int]]:
 
 def _embed(llm: LLM, ids: list[int]) -> torch.Tensor:
     """The mean of the final (normed) hidden states over the input's tokens, L2-normalized: [H]."""
-    hidden = llm.model.hidden_states(torch.tensor(ids))  # [T, H]
+    hidden: torch.Tensor = llm.model.hidden_states(torch.tensor(ids))  # [T, H]
     pooled = hidden.mean(dim=0)
-    return pooled / pooled.norm().clamp_min(1e-12)
+    unit: torch.Tensor = pooled / pooled.norm().clamp_min(1e-12)
+    return unit
 
 
 def _encoded(vector: torch.Tensor, encoding: str) -> Any:

@@ -23,6 +23,7 @@ from functools import lru_cache
 from typing import Any
 
 import torch
+
 from torchburn_llm.llm import LLM
 from torchburn_llm.model import KVCache
 from torchburn_llm.sampling import Sampler, SamplingParams
@@ -35,6 +36,7 @@ from .prefix_cache import PrefixCache, cache_bytes, common_prefix
 
 log = logging.getLogger("torchburn.serve")
 CACHE_GRANULE = 256  # KV caches are sized in multiples of this many positions
+CANCELLED = "cancelled"  # the finish of a job whose client went away (never sent to a client)
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class Delta:
 
     text: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
-    finish: str | None = None  # "stop" (EOS, a stop string, the grammar's end) or "length"
+    finish: str | None = None  # "stop" (EOS, a stop string, the grammar's end), "length" or CANCELLED
     error: APIError | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -142,10 +144,15 @@ class Engine:
         self._wake.set()
         return future
 
-    def shutdown(self, timeout: float = 10.0) -> None:
-        """Finish the current step, answer every request still open with a 503, stop the thread."""
+    def stop(self) -> None:
+        """Ask the thread to finish its current step and answer every request still open with a 503
+        (without waiting: a signal handler calls this)."""
         self._stopping = True
         self._wake.set()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """:meth:`stop`, then wait for the thread."""
+        self.stop()
         if self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -199,6 +206,7 @@ class Engine:
         for seq in self._active:
             if seq.handle.cancelled:
                 seq.done = True  # its cache goes with it
+                seq.handle.put(Delta(finish=CANCELLED))
             else:
                 kept.append(seq)
         self._active = kept
@@ -207,6 +215,7 @@ class Engine:
         while self._waiting and len(self._active) < self.limits.max_batch:
             handle = self._waiting.popleft()
             if handle.cancelled:
+                handle.put(Delta(finish=CANCELLED))
                 continue
             try:
                 seq = self._prefill(handle)
@@ -271,7 +280,8 @@ class Engine:
     def _decode(self, tokens: list[int], caches: list[KVCache]) -> torch.Tensor:
         decode_batch = getattr(self.model, "decode_batch", None)
         if decode_batch is not None:
-            return decode_batch(tokens, caches)
+            logits: torch.Tensor = decode_batch(tokens, caches)
+            return logits
         rows = [self.model.forward(torch.tensor([t]), c, last_only=True) for t, c in zip(tokens, caches, strict=True)]
         return torch.cat(rows)
 
@@ -308,9 +318,9 @@ class Engine:
         delta.text += seq.text.finish()
         delta.finish, delta.completion_tokens = reason, seq.generated
         seq.done = True
-        seq.handle.put(delta)
-        if not seq.handle.cancelled:
+        if not seq.handle.cancelled:  # before the delta goes out: its reader cancels once it has it
             self._prefixes.put(seq.ids, seq.cache)
+        seq.handle.put(delta)
 
     def _fail(self, seq: _Sequence, message: str) -> None:
         seq.done = True

@@ -29,7 +29,9 @@ class Guard:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if self.api_key is not None and not self._authorized(headers.get("authorization", "")):
-            body = error_body(401, "a valid API key is required: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+            body = error_body(
+                401, "a valid API key is required: send 'Authorization: Bearer <key>'", code="invalid_api_key"
+            )
             # a browser asks for the key as a password (any user name) and then sends it with every request
             await _respond(send, 401, body, {"www-authenticate": 'Basic realm="torchburn", charset="UTF-8"'})
             return

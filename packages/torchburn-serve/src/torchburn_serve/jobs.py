@@ -129,7 +129,9 @@ class JobMaker:
         if requested is None:
             max_new = min(self.limits.max_tokens, room)
         elif requested > self.limits.max_tokens:
-            raise bad_request(f"max_tokens is {requested}; this server generates at most {self.limits.max_tokens}", "max_tokens")
+            raise bad_request(
+                f"max_tokens is {requested}; this server generates at most {self.limits.max_tokens}", "max_tokens"
+            )
         elif requested > room:
             raise APIError(
                 400,
@@ -157,4 +159,3 @@ class JobMaker:
 
     def _constraint(self, schema: dict[str, Any], param: str) -> Constraint:
         return self.vocabulary().json_schema(schema, param)
-

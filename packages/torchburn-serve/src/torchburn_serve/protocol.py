@@ -144,7 +144,10 @@ class ChatRequest(Sampling):
                     {
                         "id": c.id,
                         "type": "function",
-                        "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments, native_tools)},
+                        "function": {
+                            "name": c.function.name,
+                            "arguments": _arguments(c.function.arguments, native_tools),
+                        },
                     }
                     for c in m.tool_calls
                 ]
@@ -197,4 +200,6 @@ def parse(body: bytes, kind: type[_Body]) -> Any:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         message = first["msg"].removeprefix("Value error, ")
-        raise APIError(400, f"{where}: {message}" if where else message, param=where or None, code="invalid_request")
+        raise APIError(
+            400, f"{where}: {message}" if where else message, param=where or None, code="invalid_request"
+        ) from None

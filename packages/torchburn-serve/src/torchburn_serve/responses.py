@@ -44,9 +44,7 @@ def chat_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:
         return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
     return {
-        "content": [
-            {**entry(t.text, t.logprob), "top_logprobs": [entry(s, v) for _, s, v in t.top]} for t in items
-        ]
+        "content": [{**entry(t.text, t.logprob), "top_logprobs": [entry(s, v) for _, s, v in t.top]} for t in items]
     }
 
 

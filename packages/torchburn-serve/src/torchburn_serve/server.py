@@ -6,11 +6,14 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
+from types import FrameType
 
 import uvicorn
+
 from torchburn_llm.llm import LLM
 
 from .app import create_app
+from .engine import Engine
 from .limits import Limits
 
 log = logging.getLogger("torchburn.serve")
@@ -47,5 +50,18 @@ def run(
         timeout_graceful_shutdown=5,
         server_header=False,
     )
-    server = uvicorn.Server(config)
+    server = _Server(config, app.state.server.engine)
     server.run(sockets=[sock] if sock is not None else None)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which on Ctrl-C also stops the engine at once: the open streams then end with
+    a 503 event instead of holding the shutdown until uvicorn's grace period cancels them."""
+
+    def __init__(self, config: uvicorn.Config, engine: Engine) -> None:
+        super().__init__(config)
+        self.engine = engine
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.engine.stop()
+        super().handle_exit(sig, frame)

@@ -212,4 +212,8 @@ def _json_call(text: str, names: set[str]) -> dict[str, Any] | None:
 def _call(name: Any, arguments: Any) -> dict[str, Any]:
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments)
-    return {"id": "call_" + secrets.token_hex(12), "type": "function", "function": {"name": name, "arguments": arguments}}
+    return {
+        "id": "call_" + secrets.token_hex(12),
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }

@@ -1,0 +1,213 @@
+"""The server at the HTTP level, with ``httpx``: the raw event stream, clients that go away, the limits
+and the API key on every route, many clients at once, and Ctrl-C."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import signal
+import time
+
+import httpx
+import pytest
+
+from serve_process import ServerProcess
+from torchburn_llm import LLM
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+LONG = [{"role": "user", "content": "Write a very long story about a dragon, with many chapters."}]
+
+
+def health(server: ServerProcess) -> dict[str, int]:
+    return dict(httpx.get(server.url + "/health", timeout=10).json())
+
+
+def wait_idle(server: ServerProcess, timeout: float = 20.0) -> dict[str, int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        state = health(server)
+        if (state["requests_decoding"] == 0 and state["requests_waiting"] == 0) or time.monotonic() > deadline:
+            return state
+        time.sleep(0.1)
+
+
+def test_raw_event_stream(server: ServerProcess) -> None:
+    body = {"model": "m", "messages": QUESTION, "max_tokens": 8, "temperature": 0, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        raw = r.read().decode()
+    events = raw.split("\n\n")
+    assert events[-1] == ""
+    lines = events[:-1]
+    assert all(e.startswith("data: ") for e in lines)
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(e.removeprefix("data: ")) for e in lines[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert "usage" not in chunks[0]  # only with stream_options.include_usage
+
+
+def test_disconnect_cancels_generation_and_frees_the_cache(server: ServerProcess) -> None:
+    wait_idle(server)
+    body = {"model": "m", "messages": LONG, "max_tokens": 1500, "temperature": 0.8, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        seen = 0
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                seen += 1
+            if seen == 5:
+                assert health(server)["requests_decoding"] == 1
+                assert health(server)["kv_cache_bytes"] > 0
+                break
+    state = wait_idle(server)
+    assert state["requests_decoding"] == 0
+    assert state["kv_cache_bytes"] == 0
+
+
+def test_disconnect_of_a_whole_answer_request_cancels_it(server: ServerProcess) -> None:
+    wait_idle(server)
+    body = {"model": "m", "messages": LONG, "max_tokens": 1500, "temperature": 0.8}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/chat/completions", json=body, timeout=1.5)
+    state = wait_idle(server)
+    assert state["requests_decoding"] == 0 and state["kv_cache_bytes"] == 0
+
+
+def test_concurrent_requests_are_batched_and_answer_as_alone(server: ServerProcess, llm: LLM) -> None:
+    """Greedy answers of four clients at once equal each one's answer alone, and the steps held
+    more than one sequence."""
+    questions = ["What is the capital of France?", "Name a fruit.", "What is 2+2?", "Say hello in Spanish."]
+    before = health(server)
+
+    async def ask(client: httpx.AsyncClient, q: str) -> str:
+        body = {"model": "m", "messages": [{"role": "user", "content": q}], "max_tokens": 24, "temperature": 0}
+        r = await client.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+        return str(r.json()["choices"][0]["message"]["content"])
+
+    async def main() -> list[str]:
+        async with httpx.AsyncClient() as client:
+            return await asyncio.gather(*(ask(client, q) for q in questions))
+
+    answers = asyncio.run(main())
+    after = health(server)
+    for q, got in zip(questions, answers, strict=True):
+        assert got == llm.chat_completion([{"role": "user", "content": q}], max_new_tokens=24, temperature=0)
+    steps = after["decode_steps"] - before["decode_steps"]
+    tokens = after["decode_step_tokens"] - before["decode_step_tokens"]
+    assert tokens / steps > 1.5  # sequences shared steps
+
+
+def test_shared_prefix_is_reused(server: ServerProcess) -> None:
+    system = {"role": "system", "content": "You are a terse assistant who answers in one word. " * 8}
+    body = {"model": "m", "max_tokens": 2, "temperature": 0}
+    first = httpx.post(
+        server.url + "/v1/chat/completions", json={**body, "messages": [system, QUESTION[0]]}, timeout=60
+    ).json()
+    second = httpx.post(
+        server.url + "/v1/chat/completions",
+        json={**body, "messages": [system, {"role": "user", "content": "Name a color."}]},
+        timeout=60,
+    ).json()
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= 60 and cached < second["usage"]["prompt_tokens"]
+    assert first["usage"]["prompt_tokens"] > cached
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "fragment"),
+    [
+        (b"{not json", 400, "not valid JSON"),
+        (b"[1, 2]", 400, "JSON object"),
+        (json.dumps({"messages": []}).encode(), 400, "messages"),
+        (json.dumps({"messages": [{"role": "wizard", "content": "x"}]}).encode(), 400, "role"),
+        (json.dumps({"messages": QUESTION, "stop": ["x"] * 40}).encode(), 400, "stop"),
+        (json.dumps({"messages": QUESTION, "temperature": "hot"}).encode(), 400, "temperature"),
+    ],
+)
+def test_malformed_requests_get_openai_errors(server: ServerProcess, body: bytes, status: int, fragment: str) -> None:
+    r = httpx.post(
+        server.url + "/v1/chat/completions", content=body, headers={"content-type": "application/json"}, timeout=30
+    )
+    assert r.status_code == status
+    error = r.json()["error"]
+    assert fragment in error["message"] and error["type"] == "invalid_request_error"
+    assert "Traceback" not in r.text
+
+
+def test_unknown_route_and_method_are_openai_errors(server: ServerProcess) -> None:
+    r = httpx.get(server.url + "/v1/nothing", timeout=10)
+    assert r.status_code == 404 and "error" in r.json()
+    r = httpx.get(server.url + "/v1/chat/completions", timeout=10)
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_limits(start_server) -> None:  # type: ignore[no-untyped-def]
+    limited = start_server("--max-body-bytes", "2000", "--max-requests", "1", "--max-tokens", "1000",
+                           "--max-prompt-tokens", "100")  # fmt: skip
+    url = limited.url + "/v1/chat/completions"
+    big = {"messages": [{"role": "user", "content": "x" * 5000}]}
+    r = httpx.post(url, json=big, timeout=30)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+    # a body sent in pieces with no length announced is cut off at the limit too
+    def pieces():  # type: ignore[no-untyped-def]
+        yield b'{"messages": [{"role": "user", "content": "'
+        for _ in range(10):
+            yield b"y" * 500
+        yield b'"}]}'
+
+    r = httpx.post(url, content=pieces(), headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 413
+
+    r = httpx.post(url, json={"messages": QUESTION, "max_tokens": 1001}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    r = httpx.post(url, json={"messages": [{"role": "user", "content": "word " * 150}]}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+    body = {"messages": LONG, "max_tokens": 1000, "temperature": 0.8, "stream": True}
+    with httpx.stream("POST", url, json=body, timeout=60) as first:
+        assert first.status_code == 200
+        lines = first.iter_lines()  # kept: a dropped iterator closes the connection, which cancels the request
+        next(lines)  # the first request is in flight
+        second = httpx.post(url, json={"messages": QUESTION, "max_tokens": 2}, timeout=30)
+        assert second.status_code == 429
+        assert second.json()["error"]["type"] == "rate_limit_error"
+    wait_idle(limited)
+    assert httpx.post(url, json={"messages": QUESTION, "max_tokens": 2}, timeout=30).status_code == 200
+
+
+def test_api_key_guards_every_route(start_server) -> None:  # type: ignore[no-untyped-def]
+    guarded = start_server("--api-key", "k3y")
+    routes = [("GET", "/"), ("GET", "/health"), ("GET", "/v1/models"), ("GET", "/static/chat.js"),
+              ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/v1/embeddings")]  # fmt: skip
+    for method, path in routes:
+        for headers in ({}, {"authorization": "Bearer nope"}, {"authorization": "k3y"}):
+            r = httpx.request(method, guarded.url + path, headers=headers, json={}, timeout=10)
+            assert r.status_code == 401, (method, path, headers)
+            assert r.json()["error"]["type"] == "authentication_error"
+    ok = {"authorization": "Bearer k3y"}
+    assert httpx.get(guarded.url + "/health", headers=ok, timeout=10).status_code == 200
+    # a browser asks for the key as a password and sends it as Basic credentials
+    assert "Basic" in httpx.get(guarded.url + "/", timeout=10).headers["www-authenticate"]
+    basic = {"authorization": "Basic " + base64.b64encode(b"me:k3y").decode()}
+    page = httpx.get(guarded.url + "/", headers=basic, timeout=10)
+    assert page.status_code == 200 and "<html" in page.text.lower()
+
+
+def test_ctrl_c_shuts_down_cleanly(start_server) -> None:  # type: ignore[no-untyped-def]
+    """An open stream ends with a 503 event, the process with the CLI's status for Ctrl-C (128 + SIGINT)
+    and no traceback."""
+    proc = start_server()
+    body = {"messages": LONG, "max_tokens": 1500, "temperature": 0.8, "stream": True}
+    with httpx.stream("POST", proc.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        next(lines)
+        proc.process.send_signal(signal.SIGINT)
+        rest = [line for line in lines if line.startswith("data: ")]
+    assert proc.process.wait(30) == 130
+    assert json.loads(rest[-1].removeprefix("data: "))["error"]["code"] == "server_shutting_down"
+    output = proc.output()
+    assert "Traceback" not in output
+    assert "Finished server process" in output
