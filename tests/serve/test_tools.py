@@ -1,0 +1,122 @@
+"""Tool calls without a server: which way a request calls tools, what a template without tools is
+told, and how answers in each format are read back."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from torchburn_llm import chat_template
+from torchburn_serve import tools
+from torchburn_serve.errors import APIError
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+# a Hermes-style template that formats tools itself (as Qwen's do)
+HERMES = (
+    "{% if tools %}<|im_start|>system\nTools:\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+    'Call one as <tool_call>{"name": ..., "arguments": ...}</tool_call><|im_end|>\n{% endif %}'
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}"
+    "{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_plan_picks_the_native_format_only_where_the_template_knows_tools() -> None:
+    offered = tools.parse_tools([WEATHER])
+    native = tools.plan(offered, "auto", template_knows_tools=True)
+    assert native is not None and native.native and native.schema is None
+    generic = tools.plan(offered, "auto", template_knows_tools=False)
+    assert generic is not None and not generic.native and not generic.required
+    assert generic.schema is not None and "anyOf" in generic.schema
+    # a required call is enforced by the grammar whatever the template
+    required = tools.plan(offered, "required", template_knows_tools=True)
+    assert required is not None and not required.native and required.required
+    assert tools.plan(offered, "none", template_knows_tools=True) is None
+    assert tools.plan((), None, template_knows_tools=True) is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "choice"),
+    [
+        ([{"type": "function", "function": {"name": "bad name!"}}], "auto"),
+        ([{"type": "retrieval"}], "auto"),
+        ([WEATHER, WEATHER], "auto"),
+        ([WEATHER], {"type": "function", "function": {"name": "other"}}),
+        ([WEATHER], "sometimes"),
+        (None, "required"),
+    ],
+)
+def test_bad_tools_are_400(raw: object, choice: object) -> None:
+    with pytest.raises(APIError) as info:
+        tools.plan(tools.parse_tools(raw), choice, template_knows_tools=False)
+    assert info.value.status == 400
+
+
+def test_native_template_sees_the_tools_and_earlier_calls() -> None:
+    messages = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
+            ],
+        },
+        {"role": "tool", "content": "-3 C", "tool_call_id": "c1"},
+    ]
+    prompt = chat_template.render(HERMES, messages, True, tools=[WEATHER])
+    assert json.dumps(WEATHER, sort_keys=True) in prompt  # the definition, as Jinja's tojson writes it
+    call = {"name": "get_weather", "arguments": {"city": "Oslo"}}
+    assert f"<tool_call>{json.dumps(call, sort_keys=True)}</tool_call>" in prompt  # arguments as an object
+    assert prompt.endswith("<|im_start|>tool\n-3 C<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_reading_native_answers() -> None:
+    plan = tools.plan(tools.parse_tools([WEATHER]), "auto", template_knows_tools=True)
+    assert plan is not None
+    text = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    content, calls = tools.read_answer(text, plan)
+    assert content == "Let me check."
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Rome"})
+    ]
+    assert calls[0]["id"].startswith("call_") and calls[0]["type"] == "function"
+    # Llama 3.1: the call as the whole answer, with "parameters"
+    content, calls = tools.read_answer('{"name": "get_weather", "parameters": {"city": "Lima"}}', plan)
+    assert content is None and json.loads(calls[0]["function"]["arguments"]) == {"city": "Lima"}
+    # an unknown name or plain prose stays text
+    assert tools.read_answer('<tool_call>{"name": "nope", "arguments": {}}</tool_call>', plan)[1] == []
+    assert tools.read_answer("It is sunny.", plan) == ("It is sunny.", [])
+
+
+def test_generic_format_messages_and_answers() -> None:
+    plan = tools.plan(tools.parse_tools([WEATHER]), "auto", template_knows_tools=False)
+    assert plan is not None
+    history = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Oslo?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}],
+        },
+        {"role": "tool", "content": "-3 C", "tool_call_id": "c1"},
+    ]
+    out = tools.generic_messages(history, plan)
+    assert out[0]["role"] == "system" and out[0]["content"].startswith("Be brief.\n\n")
+    assert '"get_weather"' in out[0]["content"] and '{"response":' in out[0]["content"]
+    assert json.loads(out[2]["content"]) == {"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]}
+    assert out[3]["role"] == "user"
+    assert json.loads(out[3]["content"]) == {"tool_response": {"tool_call_id": "c1", "content": "-3 C"}}
+    content, calls = tools.read_answer('{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]}', plan)
+    assert content is None and calls[0]["function"]["name"] == "get_weather"
+    assert tools.read_answer('{"response": "It is cold."}', plan) == ("It is cold.", [])
+    assert tools.read_answer('{"tool_ca', plan) == ('{"tool_ca', [])  # cut short: kept as text
