@@ -1,7 +1,8 @@
 """The decoder forward pass shared by every registered family, over a preallocated KV cache.
 
 One sequence at a time. ``forward(ids)`` runs the new tokens [T] through every layer at the positions
-after those already cached (prefill: T = the prompt; decode: T = 1) and returns their logits [T, vocab].
+after those already cached (prefill: T = the prompt; decode: T = 1) and returns their logits [T, vocab];
+``decode_batch`` runs one new token of each of several sequences, each over its own cache.
 A decode step is one call into the native engine's decoder, which runs every layer on the same weights
 and KV cache (``native_decode=False`` keeps it in tensor code); so is the prefill of a quantized model
 (``native_prefill``). The tensor code below is the reference both are tested against, and fp32's
@@ -10,6 +11,8 @@ prefill, where PyTorch's BLAS is as fast as any.
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -116,6 +119,7 @@ class Transformer:
         self.embed_scale = float(torch.tensor(cfg.hidden_size**0.5)) if arch.scaled_embedding else 1.0
         self.native_decode = True
         self.native_steps = 0  # decode steps run by the native decoder
+        self.native_batched_steps = 0  # calls of decode_batch run by the native decoder (one step each of B sequences)
         # quantized prompts run natively too; fp32 ones stay in tensor code, on PyTorch's BLAS
         self.native_prefill = quant != "fp32"
         self.native_prefills = 0  # prompts run by the native decoder
@@ -217,6 +221,50 @@ class Transformer:
             x = x + (m if layer.post_mlp_norm is None else rms_norm(m, layer.post_mlp_norm, eps))
         cache.length = start + t
         return x
+
+    @torch.no_grad()
+    def decode_batch(self, tokens: Sequence[int], caches: Sequence[KVCache]) -> torch.Tensor:
+        """Logits [B, V] of one new token for each of B independent sequences: ``tokens[b]`` at the next
+        position of ``caches[b]`` (its ``length``), whose keys and values join that cache. Each row is what
+        ``forward`` gives that token alone; natively it is one call that reads the weights once for all
+        the sequences (a server's continuous batching: sequences join and leave between calls)."""
+        b = len(tokens)
+        if b != len(caches):
+            raise ValueError(f"decode_batch got {b} tokens for {len(caches)} KV caches: it needs one per sequence")
+        if b == 0:
+            return torch.empty(0, self.cfg.vocab_size)
+        if len({id(c) for c in caches}) != b:
+            raise ValueError("decode_batch needs a KV cache per sequence; the same cache appears twice")
+        vocab = self.cfg.vocab_size
+        ids = [operator.index(t) for t in tokens]  # ints (or integer scalars), not floats
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"token ids must lie in [0, {vocab}), got {min(ids)}..{max(ids)}")
+        for cache in caches:
+            cache.check_room(1)
+        if not self.native_decode:
+            return torch.cat(
+                [self.forward(torch.tensor([t]), c, last_only=True) for t, c in zip(ids, caches, strict=True)]
+            )
+        positions = [c.length for c in caches]
+        # each sequence's rotary rows at its own position: [B, R] per table
+        cos, sin = self.rotary.rows_at(positions)
+        local_cos, local_sin = (None, None) if self.local_rotary is None else self.local_rotary.rows_at(positions)
+        logits = torch.empty(b, vocab)
+        self.native_decoder().step_batch(
+            ids,
+            positions,
+            [c.keys for c in caches],
+            [c.values for c in caches],
+            cos,
+            sin,
+            logits,
+            local_cos,
+            local_sin,
+        )
+        for c in caches:
+            c.length += 1
+        self.native_batched_steps += 1
+        return logits
 
     def _rotary_rows(self, start: int, t: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """cos and sin rows [T, R] of positions ``start .. start + t``: the main table's, then the

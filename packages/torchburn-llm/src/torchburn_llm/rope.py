@@ -87,6 +87,19 @@ class RotaryTable:
         table = self._tables[1 if self._switch is not None and end > self._switch else 0]
         return table.rows(start, end)
 
+    def rows_at(self, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [len(positions), D] of each position on its own, as ``rows(p, 1)`` gives them: one
+        step of each of several sequences (past longrope's switch a position reads the long rates,
+        as that step alone would)."""
+        index = torch.tensor(positions)
+        end = max(positions) + 1
+        short = self._tables[0].rows(0, end)
+        if self._switch is None or end <= self._switch:
+            return short[0][index], short[1][index]
+        long = self._tables[1].rows(0, end)
+        past = (index + 1 > self._switch)[:, None]
+        return torch.where(past, long[0][index], short[0][index]), torch.where(past, long[1][index], short[1][index])
+
 
 class _Rows:
     def __init__(self, inv_freq: torch.Tensor, scale: float) -> None:

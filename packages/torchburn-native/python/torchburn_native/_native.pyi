@@ -130,6 +130,21 @@ class Decoder:
         local_cos: int = 0,
         local_sin: int = 0,
     ) -> None: ...
+    def step_batch(
+        self,
+        tokens: list[int],
+        positions: list[int],
+        keys: list[int],
+        values: list[int],
+        capacities: list[int],
+        cos: int,
+        sin: int,
+        logits: int,
+        local_cos: int = 0,
+        local_sin: int = 0,
+    ) -> None:
+        """One token of each of several sequences, each over its own KV cache: ``cos`` / ``sin`` are
+        [B, rotary width] f32 (row b for sequence b) and ``logits`` [B, vocab] f32."""
     def prefill(
         self,
         tokens: list[int],

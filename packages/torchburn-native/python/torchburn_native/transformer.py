@@ -3,7 +3,8 @@
 A runtime describes its model once as a :class:`Decoder` (sizes, f32 tensors, and projections whose
 weights are f32 tensors or :class:`QMatrix` quantized by :func:`quantize` or read by
 :func:`from_q4_1`), then runs it one token (:meth:`Decoder.step`) or one prompt
-(:meth:`Decoder.prefill`) per foreign call, appending to a KV cache the runtime owns. The layer is the
+(:meth:`Decoder.prefill`) per foreign call, appending to a KV cache the runtime owns, or one token of
+each of several sequences, each with its own cache (:meth:`Decoder.step_batch`). The layer is the
 one most open-weight decoders share: RMSNorm before attention and before the MLP; q/k/v projections
 with optional biases and an optional per-head q/k RMSNorm; rotary embeddings from cos/sin rows the
 caller computes (so rope scaling stays the caller's); grouped-query attention over the cache,
@@ -232,6 +233,54 @@ class Decoder:
         io = self._buffers(keys, values, (cos, sin, local_cos, local_sin), logits, 1, 1)
         self._native.step(token, pos, *io[:6], *io[6:])
 
+    def step_batch(
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        keys: Sequence[torch.Tensor],
+        values: Sequence[torch.Tensor],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        logits: torch.Tensor,
+        local_cos: torch.Tensor | None = None,
+        local_sin: torch.Tensor | None = None,
+    ) -> None:
+        """Run one token of each of B sequences in one call: ``tokens[b]`` at position ``positions[b]``
+        of sequence ``b``, whose KV cache ``keys[b]`` / ``values[b]`` (as :meth:`step` takes one) holds
+        ``0..positions[b]``. Each sequence's keys and values go to its own cache and its logits to row
+        ``b`` of ``logits`` (f32 [B, vocab]); ``cos`` and ``sin`` (and ``local_cos`` / ``local_sin``)
+        hold row ``b``'s rotary rows, f32 [B, rotary width]. The weights are read once for all the
+        sequences, and each gets the logits :meth:`step` would give it. Every sequence needs a cache of
+        its own."""
+        b = len(tokens)
+        if b == 0:
+            raise ValueError("step_batch needs at least one sequence")
+        if not len(positions) == len(keys) == len(values) == b:
+            raise ValueError(
+                f"step_batch got {b} tokens, {len(positions)} positions, {len(keys)} key caches and "
+                f"{len(values)} value caches: it needs one of each per sequence"
+            )
+        for what, numbers in (("token id", tokens), ("position", positions)):
+            bad = next((v for v in numbers if v < 0), None)
+            if bad is not None:
+                raise IndexError(f"a {what} must not be negative, got {bad}")
+        capacities = [self._cache(k, v) for k, v in zip(keys, values, strict=True)]
+        cos_at, sin_at, local_cos_at, local_sin_at = self._tables((cos, sin, local_cos, local_sin), b)
+        out = self._logits(logits, b)
+        # token ids, positions and distinct caches: the native side checks them, naming the sequence
+        self._native.step_batch(
+            [int(t) for t in tokens],
+            [int(p) for p in positions],
+            [k.data_ptr() for k in keys],
+            [v.data_ptr() for v in values],
+            capacities,
+            cos_at,
+            sin_at,
+            out,
+            local_cos_at,
+            local_sin_at,
+        )
+
     def prefill(
         self,
         tokens: Sequence[int],
@@ -287,6 +336,14 @@ class Decoder:
         """``(keys, values, capacity, cos, sin, logits, local_cos, local_sin)`` as the native calls take
         them (0 for a second table not given), each buffer checked to be a contiguous f32 CPU tensor of
         the size the call reads or writes."""
+        capacity = self._cache(keys, values)
+        cos, sin, local_cos, local_sin = self._tables(tables, rows)
+        out = self._logits(logits, logit_rows)
+        return (keys.data_ptr(), values.data_ptr(), capacity, cos, sin, out, local_cos, local_sin)
+
+    def _cache(self, keys: torch.Tensor, values: torch.Tensor) -> int:
+        """The capacity of the KV cache ``keys`` / ``values``, checked to be contiguous f32 CPU tensors
+        [layers, kv_heads, capacity, head_dim]."""
         d = self.dims
         f32 = torch.float32
         shape = keys.shape
@@ -298,10 +355,20 @@ class Decoder:
                     f"the KV cache's {what} must be contiguous f32 CPU tensors [layers, kv_heads, capacity, "
                     f"head_dim] = {cache}, got {t.dtype} {tuple(t.shape)} on {t.device}"
                 )
+        return int(capacity)
+
+    def _tables(
+        self,
+        tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None],
+        rows: int,
+    ) -> tuple[int, int, int, int]:
+        """The addresses of the rotary rows ``(cos, sin, local_cos, local_sin)``, each checked to be a
+        contiguous f32 CPU tensor of ``rows`` rows of the rotary width (0 for a second table not given)."""
+        f32 = torch.float32
         cos, sin, local_cos, local_sin = tables
         if (local_cos is None) != (local_sin is None):
             raise ValueError("the second rotary table needs both local_cos and local_sin")
-        width = d.rotary_width
+        width = self.dims.rotary_width
         given = [
             (t, what) for t, what in zip(tables, ("cos", "sin", "local cos", "local sin"), strict=True) if t is not None
         ]
@@ -311,18 +378,23 @@ class Decoder:
                     f"the rotary {what} rows must be a contiguous f32 CPU tensor of {rows}x{width} "
                     f"values, got {t.dtype} {tuple(t.shape)} on {t.device}"
                 )
+        local = (0, 0) if local_cos is None or local_sin is None else (local_cos.data_ptr(), local_sin.data_ptr())
+        return (cos.data_ptr(), sin.data_ptr(), *local)
+
+    def _logits(self, logits: torch.Tensor, rows: int) -> int:
+        """The address of ``logits``, checked to be a contiguous f32 CPU tensor of ``rows`` x vocab."""
+        vocab = self.dims.vocab
         if (
-            logits.numel() != logit_rows * d.vocab
-            or logits.dtype is not f32
+            logits.numel() != rows * vocab
+            or logits.dtype is not torch.float32
             or not logits.is_cpu
             or not logits.is_contiguous()
         ):
             raise ValueError(
-                f"logits must be a contiguous f32 CPU tensor of {logit_rows}x{d.vocab} values, "
+                f"logits must be a contiguous f32 CPU tensor of {rows}x{vocab} values, "
                 f"got {logits.dtype} {tuple(logits.shape)} on {logits.device}"
             )
-        local = (0, 0) if local_cos is None or local_sin is None else (local_cos.data_ptr(), local_sin.data_ptr())
-        return (keys.data_ptr(), values.data_ptr(), capacity, cos.data_ptr(), sin.data_ptr(), logits.data_ptr(), *local)
+        return int(logits.data_ptr())
 
 
 __all__ = [

@@ -23,6 +23,7 @@ pub mod qprefill;
 pub mod quant;
 pub mod reduce;
 pub mod resample;
+pub mod row_blocks;
 pub mod scan;
 #[cfg(target_arch = "x86_64")]
 pub mod scan_x86;

@@ -20,6 +20,7 @@ use half::f16;
 use torchburn_native_macros::isa_versions;
 
 use super::qprefill;
+use super::row_blocks::row_blocks;
 use crate::threads;
 
 /// A prefill tile of the AVX-512 kernel: rows of W by tokens.
@@ -178,7 +179,7 @@ fn to_f16(v: f32) -> f16 {
 /// per element on x86-64, `trunc` one instruction from SSE4.1 on. Exact, since the fraction
 /// `x - trunc(x)` of an f32 is itself an f32.
 #[inline(always)]
-fn round_away(x: f32) -> f32 {
+pub(crate) fn round_away(x: f32) -> f32 {
     let t = x.trunc();
     if (x - t).abs() >= 0.5 {
         t + 1f32.copysign(x)
@@ -445,6 +446,72 @@ impl QMatrix {
         }
     }
 
+    /// Bytes one row's weights and scales take (what a product reads per row).
+    pub fn row_bytes(&self) -> usize {
+        let k = self.k;
+        match &self.w {
+            QWeights::Q8 { .. } => k + 4,
+            QWeights::BF16 { .. } => 2 * k,
+            QWeights::Q8B { .. } => k + 2 * (k / BLOCK),
+            QWeights::Q4 { .. } => k / 2 + 4 * (k / BLOCK),
+        }
+    }
+
+    /// Rows `rows` against each of several activation rows: `out[t · rows.len() + i]` is row
+    /// `rows.start + i` times `acts[t]`, the value [`QMatrix::rows_into`] gives. Every token runs
+    /// over the rows before the next block of them is read, so the caller keeps `rows` small enough
+    /// to stay in cache (see [`row_blocks`]).
+    pub fn rows_tokens_into(&self, rows: std::ops::Range<usize>, acts: &[&QActs], out: &mut [f32]) {
+        self.rows_tokens_with(rows, acts, out, Isa::best())
+    }
+
+    fn rows_tokens_with(
+        &self,
+        rows: std::ops::Range<usize>,
+        acts: &[&QActs],
+        out: &mut [f32],
+        isa: Isa,
+    ) {
+        let len = rows.len();
+        assert!(rows.end <= self.n, "rows out of range");
+        assert_eq!(out.len(), acts.len() * len, "output length");
+        let mut first = 0; // the first token the row-by-row loop below still has to do
+        #[cfg(target_arch = "x86_64")]
+        if matches!(isa, Isa::Avx512 | Isa::Avx512Vnni)
+            && matches!(self.w, QWeights::Q4 { .. } | QWeights::Q8 { .. })
+        {
+            // tiles of TILE_ROWS rows × TILE_TOKENS tokens: each weight pair expanded once for all
+            // the tile's tokens (each result equals the row kernel's)
+            while first + TILE_TOKENS <= acts.len() {
+                let a: [&QActs; TILE_TOKENS] = std::array::from_fn(|j| acts[first + j]);
+                let mut r = rows.start;
+                while r + TILE_ROWS <= rows.end {
+                    // SAFETY: the CPU has AVX-512 (and VNNI where used)
+                    let v = unsafe {
+                        if isa == Isa::Avx512Vnni {
+                            x86::tile_avx512_vnni::<TILE_ROWS, TILE_TOKENS>(self, r, a)
+                        } else {
+                            x86::tile_avx512::<TILE_ROWS, TILE_TOKENS>(self, r, a)
+                        }
+                    };
+                    for (j, row) in v.iter().enumerate() {
+                        out[(first + j) * len + r - rows.start..][..TILE_ROWS].copy_from_slice(row);
+                    }
+                    r += TILE_ROWS;
+                }
+                for (j, act) in a.iter().enumerate() {
+                    for rr in r..rows.end {
+                        out[(first + j) * len + rr - rows.start] = self.row_with(rr, act, isa);
+                    }
+                }
+                first += TILE_TOKENS;
+            }
+        }
+        for (t, a) in acts.iter().enumerate().skip(first) {
+            self.rows_into_with(rows.clone(), a, &mut out[t * len..][..len], isa);
+        }
+    }
+
     /// `out[t·n + r] = Σ_k x[t·k + kk] · W[r, kk]` for `t` in `0..rows`, over the thread pool.
     pub fn matmul(&self, x: &[f32], rows: usize, out: &mut [f32]) {
         self.matmul_with(x, rows, out, Isa::best())
@@ -461,54 +528,25 @@ impl QMatrix {
         let acts: Vec<QActs> = (0..rows)
             .map(|t| quantize_acts(&x[t * k..(t + 1) * k], self.act_format()))
             .collect();
+        let acts: Vec<&QActs> = acts.iter().collect();
         let out_ptr = threads::SendPtr(out.as_mut_ptr());
         threads::par_ranges(n, 16, |lo, hi| {
-            let out = out_ptr;
-            let mut first = 0; // the first token the row-by-row loop below still has to do
-            #[cfg(target_arch = "x86_64")]
-            if matches!(isa, Isa::Avx512 | Isa::Avx512Vnni)
-                && matches!(self.w, QWeights::Q4 { .. } | QWeights::Q8 { .. })
-            {
-                // tiles of TILE_ROWS rows × TILE_TOKENS tokens; this task's rows stay in L2 across them
-                while first + TILE_TOKENS <= rows {
-                    let a: [&QActs; TILE_TOKENS] = std::array::from_fn(|j| &acts[first + j]);
-                    let mut r = lo;
-                    while r + TILE_ROWS <= hi {
-                        // SAFETY: the CPU has AVX-512 (and VNNI where used)
-                        let v = unsafe {
-                            if isa == Isa::Avx512Vnni {
-                                x86::tile_avx512_vnni::<TILE_ROWS, TILE_TOKENS>(self, r, a)
-                            } else {
-                                x86::tile_avx512::<TILE_ROWS, TILE_TOKENS>(self, r, a)
-                            }
-                        };
-                        for (j, row) in v.iter().enumerate() {
-                            // SAFETY: rows r..r + TILE_ROWS of every token belong to this task
-                            unsafe {
-                                std::ptr::copy_nonoverlapping(
-                                    row.as_ptr(),
-                                    out.get().add((first + j) * n + r),
-                                    TILE_ROWS,
-                                )
-                            };
-                        }
-                        r += TILE_ROWS;
-                    }
-                    for (j, act) in a.iter().enumerate() {
-                        for rr in r..hi {
-                            let v = self.row_with(rr, act, isa);
-                            // SAFETY: as above
-                            unsafe { *out.get().add((first + j) * n + rr) = v };
-                        }
-                    }
-                    first += TILE_TOKENS;
+            let mut block = Vec::new(); // [tokens, rows of the block]
+            for sub in row_blocks(lo..hi, self.row_bytes(), rows) {
+                let len = sub.len();
+                block.resize(rows * len, 0f32);
+                let got = &mut block[..rows * len];
+                self.rows_tokens_with(sub.clone(), &acts, got, isa);
+                for (t, values) in got.chunks_exact(len).enumerate() {
+                    // SAFETY: rows lo..hi of every token's output belong to this task alone
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            values.as_ptr(),
+                            out_ptr.get().add(t * n + sub.start),
+                            len,
+                        )
+                    };
                 }
-            }
-            for (t, a) in acts.iter().enumerate().skip(first) {
-                // SAFETY: rows lo..hi of every output row belong to this task alone
-                let dst =
-                    unsafe { std::slice::from_raw_parts_mut(out.get().add(t * n + lo), hi - lo) };
-                self.rows_into_with(lo..hi, a, dst, isa);
             }
         });
     }
@@ -1423,6 +1461,37 @@ mod tests {
                 let scale = exact.iter().fold(0f32, |a, v| a.max(v.abs()));
                 for (g, e) in fast.iter().zip(&exact) {
                     assert!((g - e).abs() <= tol * scale, "k={k}: {g} vs {e}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_few_tokens_give_each_row_what_one_token_gives() {
+        // rows enough for several cache blocks per task, and 1..8 tokens (tiles of four and the rest)
+        let (n, k) = (300, 576);
+        let w = data(n * k, 21);
+        let x = data(7 * k, 22);
+        for m in [
+            QMatrix::quantize_q8(&w, n, k),
+            QMatrix::quantize_q8_blocks(&w, n, k),
+            QMatrix::quantize_q4(&w, n, k),
+            QMatrix::quantize_bf16(&w, n, k),
+        ] {
+            assert!(m.row_bytes() * n > 2 * crate::kernels::row_blocks::BLOCK_BYTES);
+            for isa in Isa::available() {
+                let alone: Vec<f32> = x
+                    .chunks_exact(k)
+                    .flat_map(|row| {
+                        let mut out = vec![0f32; n];
+                        m.matmul_with(row, 1, &mut out, isa);
+                        out
+                    })
+                    .collect();
+                for tokens in 2..=7 {
+                    let mut out = vec![0f32; tokens * n];
+                    m.matmul_with(&x[..tokens * k], tokens, &mut out, isa);
+                    assert_eq!(out, alone[..tokens * n], "{isa:?}, {tokens} tokens");
                 }
             }
         }

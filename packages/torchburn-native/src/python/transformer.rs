@@ -321,6 +321,90 @@ impl Decoder {
         Ok(())
     }
 
+    /// Runs one token of each of several sequences: `tokens[b]` at position `positions[b]` of
+    /// sequence `b`, whose KV cache is at `keys[b]` / `values[b]` (`capacities[b]` positions, laid out
+    /// as in [`Decoder::step`]). `cos` / `sin` (and `local_cos` / `local_sin`) hold `[B, rotary_dim]`
+    /// f32, row `b` for sequence `b`'s position, and `logits` receives `[B, vocab]` f32. Every
+    /// sequence needs a cache of its own.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (tokens, positions, keys, values, capacities, cos, sin, logits, local_cos=0, local_sin=0))]
+    fn step_batch(
+        &self,
+        py: Python<'_>,
+        tokens: Vec<usize>,
+        positions: Vec<usize>,
+        keys: Vec<usize>,
+        values: Vec<usize>,
+        capacities: Vec<usize>,
+        cos: usize,
+        sin: usize,
+        logits: usize,
+        local_cos: usize,
+        local_sin: usize,
+    ) -> PyResult<()> {
+        let d = self.inner.dims;
+        let b = tokens.len();
+        if b == 0 {
+            return Err(PyValueError::new_err(
+                "step_batch needs at least one sequence",
+            ));
+        }
+        let lengths = [positions.len(), keys.len(), values.len(), capacities.len()];
+        if lengths.iter().any(|&n| n != b) {
+            return Err(PyValueError::new_err(format!(
+                "step_batch got {b} tokens, {} positions, {} key caches, {} value caches and {} \
+                 capacities: it needs one of each per sequence",
+                lengths[0], lengths[1], lengths[2], lengths[3]
+            )));
+        }
+        for (i, (&token, (&pos, &capacity))) in tokens
+            .iter()
+            .zip(positions.iter().zip(&capacities))
+            .enumerate()
+        {
+            if token >= d.vocab {
+                return Err(PyIndexError::new_err(format!(
+                    "sequence {i}: token id {token} is out of bounds for a vocabulary of {}",
+                    d.vocab
+                )));
+            }
+            if pos >= capacity {
+                return Err(PyIndexError::new_err(format!(
+                    "sequence {i}: position {pos} is out of bounds for a KV cache of {capacity} \
+                     positions"
+                )));
+            }
+        }
+        self.check_distinct_caches(&keys, &values, &capacities)?;
+        // sequence i's rows of the tables and the logits (addresses of 0 stay 0: "none")
+        let row = |base: usize, i: usize, len: usize| {
+            if base == 0 {
+                0
+            } else {
+                base + i * len * std::mem::size_of::<f32>()
+            }
+        };
+        let rd = d.rotary_dim;
+        let ios = (0..b)
+            .map(|i| {
+                IoAddresses::new(
+                    keys[i],
+                    values[i],
+                    capacities[i],
+                    [cos, sin, local_cos, local_sin].map(|t| row(t, i, rd)),
+                    row(logits, i, d.vocab),
+                )
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        // SAFETY: as in `step`, for every sequence; their caches are distinct (checked above) and
+        // their rows of the tables and logits are distinct rows of the caller's buffers
+        py.detach(move || unsafe {
+            let ios: Vec<transformer::CacheIo> = ios.iter().map(|io| io.get()).collect();
+            self.inner.step_batch(&tokens, &positions, &ios)
+        });
+        Ok(())
+    }
+
     /// Runs the prompt `tokens` at positions `start..start + T`: their keys and values go to the caches
     /// (as in [`Decoder::step`]), `cos` / `sin` hold the positions' rotary tables (`[T, rotary_dim]`
     /// f32 each), and `logits` receives the last token's logits (`vocab` f32), or every token's
@@ -370,6 +454,47 @@ impl Decoder {
     #[getter]
     fn num_layers(&self) -> usize {
         self.inner.layers.len()
+    }
+}
+
+impl Decoder {
+    /// Refuses KV caches that share memory: each sequence of a batch writes its own, and one whose
+    /// keys or values another sequence also uses would be overwritten by it mid-step.
+    fn check_distinct_caches(
+        &self,
+        keys: &[usize],
+        values: &[usize],
+        capacities: &[usize],
+    ) -> PyResult<()> {
+        let d = self.inner.dims;
+        let per_position = self.inner.layers.len() * d.kv_heads * d.head_dim * 4;
+        let mut spans = Vec::with_capacity(2 * keys.len());
+        for (i, ((&k, &v), &capacity)) in keys.iter().zip(values).zip(capacities).enumerate() {
+            let bytes = capacity.checked_mul(per_position).ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "sequence {i}: a KV cache of {capacity} positions is too large"
+                ))
+            })?;
+            for (start, what) in [(k, "keys"), (v, "values")] {
+                // a null address is refused with the other buffers' checks
+                spans.push((start, start.saturating_add(bytes), i, what));
+            }
+        }
+        spans.sort_unstable();
+        for pair in spans.windows(2) {
+            let ((_, end, i, a), (start, _, j, b)) = (pair[0], pair[1]);
+            if start < end {
+                let what = if i == j {
+                    format!("sequence {i}'s keys and values share memory")
+                } else {
+                    format!("sequence {i}'s {a} overlap sequence {j}'s {b}")
+                };
+                return Err(PyValueError::new_err(format!(
+                    "every sequence of a batch needs a KV cache of its own: {what}"
+                )));
+            }
+        }
+        Ok(())
     }
 }
 

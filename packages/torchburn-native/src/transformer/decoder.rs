@@ -20,9 +20,10 @@ use std::sync::Arc;
 
 use torchburn_native_macros::isa_versions;
 
-use crate::kernels::ggml::{acts as ggml_acts, GgmlMatrix};
+use super::project::project_tokens;
+use crate::kernels::ggml::GgmlMatrix;
 use crate::kernels::math::{exp_f32, gelu_tanh_f32, tanh_f32};
-use crate::kernels::quant::{quantize_acts, ActFormat, QActs, QMatrix};
+use crate::kernels::quant::QMatrix;
 use crate::threads;
 
 /// A projection's weight `[n, k]`.
@@ -398,7 +399,7 @@ fn sum_squares(x: &[f32]) -> f32 {
 }
 
 #[isa_versions]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
     dot16(a, b)
 }
 
@@ -442,7 +443,7 @@ pub(crate) fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32]) {
 }
 
 /// Heads × cached positions below which a step's attention stays on the calling thread.
-const PARALLEL_ATTENTION_MIN: usize = 512;
+pub(super) const PARALLEL_ATTENTION_MIN: usize = 512;
 
 /// How attention scores are made from `q·k`: scaled, then capped if the family caps them.
 #[derive(Clone, Copy)]
@@ -462,7 +463,7 @@ impl Scoring {
 
 /// One query over `n` cached keys/values (`n × D` each): softmax(cap(q·K · scale)) · V into `out`.
 #[isa_versions]
-fn attend(
+pub(super) fn attend(
     q: &[f32],
     keys: &[f32],
     values: &[f32],
@@ -628,70 +629,18 @@ pub(crate) fn silu_mul(g: &mut [f32], u: &[f32]) {
 }
 
 /// `out = [P₀ x; P₁ x; ...]` for projections with the same input, as one parallel job over all their
-/// rows; the input is quantized once per activation format the quantized ones need.
+/// rows (see [`project_tokens`]: the input is quantized once per activation format they take).
 fn project(ps: &[&Projection], x: &[f32], out: &mut [f32]) {
     let total: usize = ps.iter().map(|p| p.n()).sum();
     assert_eq!(out.len(), total, "projection output length");
-    // the input in each activation format the projections take: [int8, int16, f32]
-    let formats = [ActFormat::Int8, ActFormat::Int16, ActFormat::F32];
-    let acts: [Option<QActs>; 3] = formats.map(|f| {
-        ps.iter()
-            .any(|p| matches!(&p.w, Weight::Quant(q) if q.act_format() == f))
-            .then(|| quantize_acts(x, f))
-    });
-    // and in each form the GGUF-typed ones take
-    let ggml: [Option<ggml_acts::Acts>; 4] = ggml_acts::ActForm::ALL.map(|f| {
-        ps.iter()
-            .any(|p| matches!(&p.w, Weight::Ggml(m) if ggml_acts::act_form(m.kind) == f))
-            .then(|| ggml_acts::quantize(f, x))
-    });
-    let out_ptr = threads::SendPtr(out.as_mut_ptr());
-    threads::par_ranges(total, 16, |lo, hi| {
-        // this task's rows of every projection it overlaps
-        let mut base = 0;
-        for p in ps {
-            let n = p.n();
-            let (a, b) = (lo.max(base), hi.min(base + n));
-            if a < b {
-                // SAFETY: rows a..b of `out` belong to this task alone
-                let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(a), b - a) };
-                let rows = a - base..b - base;
-                match &p.w {
-                    Weight::Quant(q) => {
-                        let slot = formats.iter().position(|&f| f == q.act_format());
-                        let acts = slot.and_then(|i| acts[i].as_ref());
-                        q.rows_into(
-                            rows.clone(),
-                            acts.expect("activations in the weights' format"),
-                            dst,
-                        );
-                    }
-                    Weight::Ggml(m) => {
-                        let form = ggml_acts::act_form(m.kind) as usize;
-                        let acts = ggml[form]
-                            .as_ref()
-                            .expect("activations in the weights' form");
-                        m.rows_into(rows.clone(), acts, dst);
-                    }
-                    Weight::F32 { ptr, k, .. } => {
-                        // SAFETY: the decoder's contract: a live n×k f32 matrix
-                        let w = unsafe { slice(*ptr, n * k) };
-                        for (o, r) in dst.iter_mut().zip(rows.clone()) {
-                            *o = dot(&w[r * k..][..*k], x);
-                        }
-                    }
-                }
-                if let Some(bias) = p.bias {
-                    // SAFETY: the bias holds n f32
-                    let bias = unsafe { slice(bias, n) };
-                    for (o, r) in dst.iter_mut().zip(rows) {
-                        *o += bias[r];
-                    }
-                }
-            }
-            base += n;
-        }
-    });
+    let mut parts = Vec::with_capacity(ps.len());
+    let mut rest = out;
+    for p in ps {
+        let (part, tail) = rest.split_at_mut(p.n());
+        parts.push(part);
+        rest = tail;
+    }
+    project_tokens(ps, x, 1, &mut parts);
 }
 
 #[cfg(test)]

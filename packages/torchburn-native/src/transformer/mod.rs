@@ -3,7 +3,8 @@
 //! An engine API for LLM runtimes, separate from the compile path: the caller describes a stack once
 //! ([`Decoder`]: sizes, the addresses of its f32 tensors, its projections as quantized [`QMatrix`] or
 //! f32 weights) and then runs it one token at a time ([`Decoder::step`]) or a prompt at a time
-//! ([`Decoder::prefill`]), each one foreign call that appends to a KV cache the caller owns.
+//! ([`Decoder::prefill`]), each one foreign call that appends to a KV cache the caller owns; or one
+//! token of each of several sequences, each with its own cache ([`Decoder::step_batch`]).
 //!
 //! The layer it runs is the one most open-weight decoders share: RMSNorm before attention and MLP,
 //! q/k/v projections (optional biases, optional per-head q/k RMSNorm), rotary embeddings from
@@ -14,7 +15,9 @@
 //!
 //! [`QMatrix`]: crate::kernels::quant::QMatrix
 
+mod batch;
 mod decoder;
 mod prefill;
+mod project;
 
 pub use decoder::{Activation, CacheIo, Decoder, Dims, Embedding, Layer, Projection, Weight};

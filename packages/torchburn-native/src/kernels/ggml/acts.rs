@@ -8,7 +8,10 @@
 //! `Q5_1`, the K-quants' mins) and the ones stored unsigned with a bias (`Q4_0`, `Q5_0`, `Q6_K`) need
 //! `Σ x` per sub-block.
 
+use torchburn_native_macros::isa_versions;
+
 use super::blocks::{GgmlType, QK_K};
+use crate::kernels::quant::round_away;
 
 /// Elements per activation block of the 32-element types.
 pub const QK8: usize = 32;
@@ -120,17 +123,9 @@ pub fn quantize(form: ActForm, x: &[f32]) -> Acts {
         127.0
     };
     let mut ints = vec![0i32; x.len()];
-    for (xs, qs) in x.chunks_exact(block).zip(ints.chunks_exact_mut(block)) {
-        let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let scale = amax / top;
-        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-        for (o, &v) in qs.iter_mut().zip(xs) {
-            // round half away from zero; |v · inv| <= top up to rounding, clamped for safety
-            *o = (v * inv).round().clamp(-top, top) as i32;
-        }
-        out.d.push(scale);
-        out.dsum.push(scale * qs.iter().sum::<i32>() as f32);
-    }
+    let blocks = x.len() / block;
+    (out.d, out.dsum) = (vec![0f32; blocks], vec![0f32; blocks]);
+    quantize_blocks(x, block, top, &mut ints, &mut out.d, &mut out.dsum);
     out.sums16 = ints.chunks_exact(SUM_LEN).map(|c| c.iter().sum()).collect();
     if form == ActForm::Int16x32 {
         out.q16 = ints.iter().map(|&v| v as i16).collect();
@@ -140,7 +135,132 @@ pub fn quantize(form: ActForm, x: &[f32]) -> Acts {
     out
 }
 
+/// Each block of `block` values of `x` as integers `ints` (rounded half away from zero, within
+/// ±`top`), its scale `d` (`max|x| / top`) and `d · Σ q` into `dsum`. One function for the row, so
+/// the loops vectorize under each level's instructions (`f32::round` is a libm call per element,
+/// which showed in a decode step's profile; [`round_away`] is the same rounding in a form that
+/// vectorizes).
+#[isa_versions]
+fn quantize_blocks(
+    x: &[f32],
+    block: usize,
+    top: f32,
+    ints: &mut [i32],
+    d: &mut [f32],
+    dsum: &mut [f32],
+) {
+    let rows = x.chunks_exact(block).zip(ints.chunks_exact_mut(block));
+    for ((xs, qs), (d, dsum)) in rows.zip(d.iter_mut().zip(dsum.iter_mut())) {
+        let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let scale = amax / top;
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        for (o, &v) in qs.iter_mut().zip(xs) {
+            // |v · inv| <= top up to rounding, clamped for safety
+            *o = round_away(v * inv).clamp(-top, top) as i32;
+        }
+        *d = scale;
+        *dsum = scale * qs.iter().sum::<i32>() as f32;
+    }
+}
+
 /// `x` in the form products with `kind` take.
 pub fn quantize_for(kind: GgmlType, x: &[f32]) -> Acts {
     quantize(act_form(kind), x)
+}
+
+/// Tokens the multi-token kernels take in one pass: eight pairs, a pair to an AVX-512 register (a
+/// token to each half), and one lane each in the register of the offsets' sums.
+pub const GROUP_TOKENS: usize = 16;
+
+/// Several activation rows in one form (a few tokens against the same weights), with what the
+/// multi-token kernels read for the 32-element integer forms: the tokens in pairs, each pair's blocks
+/// side by side so that one 512-bit register holds a block of both (see `dot_tokens`).
+pub struct TokenActs {
+    pub form: ActForm,
+    pub rows: Vec<Acts>,
+    /// the tokens in groups of up to [`GROUP_TOKENS`] (none for a single token or other forms)
+    pub groups: Vec<PairedGroup>,
+}
+
+/// Up to [`GROUP_TOKENS`] tokens in pairs; an odd last token is paired with itself.
+pub struct PairedGroup {
+    /// the group's first token and how many it has
+    pub first: usize,
+    pub count: usize,
+    /// `[blocks, pairs, 64]` (int8 form): block b of the pair's first token, then of its second
+    pub q: Vec<i8>,
+    /// `[blocks, pairs, 2, 32]` (int16 form): elements 0..16 of block b of each token of the pair,
+    /// then elements 16..32 of each
+    pub q16: Vec<i16>,
+    /// `[blocks, pairs, 16]`: the pair's two block scales, eight times each
+    pub d: Vec<f32>,
+    /// `[blocks, 16]`: each token's `d · Σ q` of block b (zero past `count`)
+    pub dsum: Vec<f32>,
+}
+
+impl PairedGroup {
+    pub fn pairs(&self) -> usize {
+        self.count.div_ceil(2)
+    }
+}
+
+impl TokenActs {
+    /// The `tokens` rows of `x` (`[T, k]`) in `form`.
+    pub fn quantize(form: ActForm, x: &[f32], tokens: usize) -> TokenActs {
+        let k = x.len().checked_div(tokens).unwrap_or(0);
+        let rows: Vec<Acts> = (0..tokens)
+            .map(|t| quantize(form, &x[t * k..][..k]))
+            .collect();
+        let paired = matches!(form, ActForm::Int8x32 | ActForm::Int16x32) && tokens > 1;
+        let groups = if paired {
+            (0..tokens)
+                .step_by(GROUP_TOKENS)
+                .map(|first| pair_up(&rows, first, GROUP_TOKENS.min(tokens - first), k / QK8))
+                .collect()
+        } else {
+            vec![]
+        };
+        TokenActs { form, rows, groups }
+    }
+}
+
+/// Tokens `first..first + count` of `rows` arranged as [`PairedGroup`] describes.
+fn pair_up(rows: &[Acts], first: usize, count: usize, blocks: usize) -> PairedGroup {
+    let pairs = count.div_ceil(2);
+    // the second token of pair p (the first again for a lone last token)
+    let token = |p: usize, second: usize| &rows[first + (2 * p + second).min(count - 1)];
+    let wide = rows[first].form == ActForm::Int16x32;
+    let mut g = PairedGroup {
+        first,
+        count,
+        q: vec![],
+        q16: vec![],
+        d: vec![0.0; blocks * pairs * 16],
+        dsum: vec![0.0; blocks * 16],
+    };
+    if wide {
+        g.q16 = vec![0; blocks * pairs * 2 * QK8];
+    } else {
+        g.q = vec![0; blocks * pairs * 2 * QK8];
+    }
+    for b in 0..blocks {
+        for p in 0..pairs {
+            let at = (b * pairs + p) * 2 * QK8;
+            for s in 0..2 {
+                let a = token(p, s);
+                if wide {
+                    let src = &a.q16[b * QK8..][..QK8];
+                    g.q16[at + 16 * s..][..16].copy_from_slice(&src[..16]);
+                    g.q16[at + QK8 + 16 * s..][..16].copy_from_slice(&src[16..]);
+                } else {
+                    g.q[at + QK8 * s..][..QK8].copy_from_slice(&a.q[b * QK8..][..QK8]);
+                }
+                g.d[(b * pairs + p) * 16 + 8 * s..][..8].fill(a.d[b]);
+            }
+        }
+        for t in 0..count {
+            g.dsum[b * 16 + t] = rows[first + t].dsum[b];
+        }
+    }
+    g
 }

@@ -5,7 +5,8 @@
 //! - [`acts`]: activation rows quantized the way each type's products take them;
 //! - [`dequant`]: rows to f32 at speed (prompts dequantize each row once);
 //! - [`dot`]: the portable row products (the baseline path);
-//! - `dot_avx2`: the AVX2 row products (also run at the AVX-512 level).
+//! - `dot_avx2`: the AVX2 row products (also run at the AVX-512 level);
+//! - `dot_tokens`: the 32-element types' row products against several tokens at once.
 
 pub mod acts;
 pub mod blocks;
@@ -13,12 +14,15 @@ pub mod dequant;
 pub mod dot;
 #[cfg(target_arch = "x86_64")]
 pub mod dot_avx2;
+#[cfg(target_arch = "x86_64")]
+pub mod dot_tokens;
 
 use std::any::Any;
 use std::ops::Range;
 
 pub use blocks::GgmlType;
 
+use super::row_blocks::row_blocks;
 use crate::threads;
 
 /// Bytes a matrix reads: its own, or memory lent by an owner (a mapped file) kept alive with them.
@@ -197,6 +201,46 @@ impl GgmlMatrix {
         }
     }
 
+    /// Bytes one row takes (what a product reads per row).
+    pub fn row_bytes(&self) -> usize {
+        self.kind.row_bytes(self.k)
+    }
+
+    /// Rows `rows` against each of several activation rows: `out[t · rows.len() + i]` is row
+    /// `rows.start + i` times token `t`, the value [`GgmlMatrix::rows_into`] gives. Every token runs
+    /// over the rows before the caller's next block of them, which it keeps small enough to stay in
+    /// cache (see [`row_blocks`]); the 32-element types decode each block of weights once for all
+    /// the tokens (`dot_tokens`).
+    pub fn rows_tokens_into(&self, rows: Range<usize>, acts: &acts::TokenActs, out: &mut [f32]) {
+        let len = rows.len();
+        assert!(rows.end <= self.n, "rows out of range");
+        assert_eq!(out.len(), acts.rows.len() * len, "output length");
+        assert_eq!(
+            acts.form,
+            acts::act_form(self.kind),
+            "activations in the weights' form"
+        );
+        #[cfg(target_arch = "x86_64")]
+        if crate::isa::avx2() && dot_tokens::takes(self.kind) && !acts.groups.is_empty() {
+            // SAFETY: the CPU has what each kernel names (the levels include AVX2, FMA and F16C;
+            // VNNI checked); the type is one they take, `acts` is in its form, paired, and `out` is
+            // as long as they write (checked above)
+            unsafe {
+                if crate::isa::avx512() && vnni() {
+                    dot_tokens::rows_tokens_zmm_vnni(self, rows, acts, out);
+                } else if crate::isa::avx512() {
+                    dot_tokens::rows_tokens_zmm(self, rows, acts, out);
+                } else {
+                    dot_tokens::rows_tokens_ymm(self, rows, acts, out);
+                }
+            }
+            return;
+        }
+        for (a, dst) in acts.rows.iter().zip(out.chunks_exact_mut(len.max(1))) {
+            self.rows_into(rows.clone(), a, dst);
+        }
+    }
+
     /// `out[t·n + r] = Σ_j x[t·k + j] · W[r, j]` for `t` in `0..tokens`, rows split between threads.
     pub fn matmul(&self, x: &[f32], tokens: usize, out: &mut [f32]) {
         let (n, k) = (self.n, self.k);
@@ -206,18 +250,25 @@ impl GgmlMatrix {
             // many tokens against the same rows: dequantized rows times f32 tokens (see `qprefill`)
             return super::qprefill::matmul_sources(&[self], x, tokens, &mut [out]);
         }
-        let quantized: Vec<acts::Acts> = x
-            .chunks_exact(k)
-            .map(|row| acts::quantize_for(self.kind, row))
-            .collect();
+        let quantized = acts::TokenActs::quantize(acts::act_form(self.kind), x, tokens);
         let out_ptr = threads::SendPtr(out.as_mut_ptr());
         threads::par_ranges(n, 16, |lo, hi| {
-            let out = out_ptr;
-            for (t, a) in quantized.iter().enumerate() {
-                // SAFETY: rows lo..hi of every token's output belong to this task alone
-                let dst =
-                    unsafe { std::slice::from_raw_parts_mut(out.get().add(t * n + lo), hi - lo) };
-                self.rows_into(lo..hi, a, dst);
+            let mut block = Vec::new(); // [tokens, rows of the block]
+            for sub in row_blocks(lo..hi, self.row_bytes(), tokens) {
+                let len = sub.len();
+                block.resize(tokens * len, 0f32);
+                let got = &mut block[..tokens * len];
+                self.rows_tokens_into(sub.clone(), &quantized, got);
+                for (t, values) in got.chunks_exact(len).enumerate() {
+                    // SAFETY: rows lo..hi of every token's output belong to this task alone
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            values.as_ptr(),
+                            out_ptr.get().add(t * n + sub.start),
+                            len,
+                        )
+                    };
+                }
             }
         });
     }
@@ -235,4 +286,4 @@ fn vnni() -> bool {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

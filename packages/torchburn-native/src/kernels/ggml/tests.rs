@@ -4,7 +4,7 @@
 
 use half::{bf16, f16};
 
-use super::acts::quantize_for;
+use super::acts::{act_form, quantize_for, TokenActs};
 use super::blocks::{dequantize_row, GgmlType};
 use super::{dot, GgmlMatrix, WeightBytes};
 use crate::kernels::testing::{centered, uniform};
@@ -59,7 +59,8 @@ fn random_matrix(kind: GgmlType, n: usize, k: usize, seed: u64) -> Vec<u8> {
     bytes
 }
 
-fn matrix(kind: GgmlType, n: usize, k: usize, seed: u64) -> GgmlMatrix {
+/// A random `n`×`k` matrix of `kind` (see `random_matrix`; the transformer's tests build models of them).
+pub(crate) fn matrix(kind: GgmlType, n: usize, k: usize, seed: u64) -> GgmlMatrix {
     GgmlMatrix::new(
         kind,
         n,
@@ -196,9 +197,12 @@ fn odd_lengths_of_float_rows() {
 
 #[test]
 fn matmul_gives_each_token_its_rows() {
-    let (n, k, tokens) = (37, 256, 5);
-    for kind in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q8_0, GgmlType::F16] {
+    // tasks of 75 rows: more than one cache block of rows (see `row_blocks`) each, so that every
+    // token runs over a block before the next
+    let (n, k, tokens) = (600, 512, 5);
+    for kind in GgmlType::ALL {
         let m = matrix(kind, n, k, 3);
+        assert!(75 > crate::kernels::row_blocks::block_rows(m.row_bytes()));
         let x = centered(tokens * k, 9);
         let mut out = vec![0f32; tokens * n];
         m.matmul(&x, tokens, &mut out);
@@ -211,6 +215,41 @@ fn matmul_gives_each_token_its_rows() {
                     "{} token {t} row {r}",
                     kind.name()
                 );
+            }
+        }
+    }
+}
+
+#[test]
+fn several_tokens_give_each_row_what_one_token_gives() {
+    // 1..=17 tokens: pairs with an odd token out, a whole group of sixteen and a second group
+    let n = 13;
+    for kind in GgmlType::ALL {
+        let k = if kind.block_len() == 256 { 512 } else { 160 };
+        let m = matrix(kind, n, k, 4);
+        let x = centered(17 * k, 10);
+        for tokens in 1..=17 {
+            let acts = TokenActs::quantize(act_form(kind), &x[..tokens * k], tokens);
+            let mut out = vec![0f32; tokens * (n - 3)];
+            m.rows_tokens_into(2..n - 1, &acts, &mut out);
+            // the AVX-512 kernel without VNNI too, where the level takes the one with it
+            #[cfg(target_arch = "x86_64")]
+            if crate::isa::avx512() && super::dot_tokens::takes(kind) && tokens > 1 {
+                let mut plain = vec![0f32; out.len()];
+                // SAFETY: the CPU has AVX-512 (the level checked); a type and form it takes
+                unsafe { super::dot_tokens::rows_tokens_zmm(&m, 2..n - 1, &acts, &mut plain) };
+                assert_eq!(plain, out, "{} {tokens} tokens without VNNI", kind.name());
+            }
+            for t in 0..tokens {
+                let a = quantize_for(kind, &x[t * k..(t + 1) * k]);
+                for r in 2..n - 1 {
+                    assert_eq!(
+                        out[t * (n - 3) + r - 2].to_bits(),
+                        m.row_dot(r, &a).to_bits(),
+                        "{} {tokens} tokens: token {t} row {r}",
+                        kind.name()
+                    );
+                }
             }
         }
     }

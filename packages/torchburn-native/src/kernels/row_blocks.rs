@@ -1,0 +1,58 @@
+//! Blocks of weight rows for products of a few tokens on the decode kernels (a batch of decode steps,
+//! a prompt shorter than [`super::qprefill::MIN_TOKENS`]).
+//!
+//! A decode kernel reads each row of the weights once per token. With several tokens, a task that ran
+//! every token over its whole range of rows would read that range from memory once per token (the
+//! output projection's share of a task is megabytes). Instead each task walks its range in blocks of
+//! rows small enough to stay in L1/L2 and runs every token over a block before moving on: the weights
+//! come from memory once per product, whatever the number of tokens. Each row's value is the same as
+//! a one-token product gives (the same kernel per row), so only the order of the work changes.
+
+use std::ops::Range;
+
+/// Bytes of weights per block: about L1's size (48 KiB on recent x86 cores, 32 KiB on older ones)
+/// with room for the tokens' activations, and far inside L2.
+pub const BLOCK_BYTES: usize = 16 << 10;
+
+/// Rows per block for rows of `row_bytes`: a multiple of four (the row kernels' groups, so a block
+/// splits none of them), at least four.
+pub fn block_rows(row_bytes: usize) -> usize {
+    (BLOCK_BYTES / row_bytes.max(1) / 4 * 4).max(4)
+}
+
+/// `rows` in consecutive blocks of [`block_rows`] (the last may be short); all of `rows` at once
+/// for a single token, which reads each row once however the range is cut.
+pub fn row_blocks(
+    rows: Range<usize>,
+    row_bytes: usize,
+    tokens: usize,
+) -> impl Iterator<Item = Range<usize>> {
+    let step = if tokens <= 1 {
+        rows.len().max(1)
+    } else {
+        block_rows(row_bytes)
+    };
+    let end = rows.end;
+    rows.step_by(step).map(move |lo| lo..(lo + step).min(end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_cover_the_rows_in_order_in_whole_groups_of_four() {
+        // 360-byte rows (Q4_1 of 576): 44 rows a block
+        let blocks: Vec<_> = row_blocks(10..110, 360, 3).collect();
+        assert_eq!(blocks, vec![10..54, 54..98, 98..110]);
+        // rows larger than a block still go four at a time
+        assert_eq!(block_rows(1 << 20), 4);
+        assert_eq!(row_blocks(3..5, 1 << 20, 2).collect::<Vec<_>>(), vec![3..5]);
+        // one token: the whole range
+        assert_eq!(
+            row_blocks(0..1000, 360, 1).collect::<Vec<_>>(),
+            vec![0..1000]
+        );
+        assert_eq!(row_blocks(7..7, 360, 4).count(), 0);
+    }
+}
