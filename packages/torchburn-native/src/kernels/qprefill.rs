@@ -57,7 +57,8 @@ const GROUP: usize = 12;
 /// Tokens per vector.
 const LANES: usize = 16;
 /// Elements of k per pass over the tokens: a group's 12 rows of it take 24 KiB of L1, 32 tokens 64 KiB
-/// of L2, however long the rows.
+/// of L2, however long the rows (the x86 tiles' slicing; other targets take the portable loop).
+#[cfg(target_arch = "x86_64")]
 const K_SLICE: usize = 512;
 
 /// Products of the same tokens with several matrices of one width (q, k and v; gate and up): the
