@@ -235,6 +235,7 @@ def lint(session: nox.Session) -> None:
         "uvicorn",
         "llguidance",
         "numpy",
+        "httpx",
     )
     session.run("ruff", "format", "--check", ".")
     session.run("ruff", "check", ".")

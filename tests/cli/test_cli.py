@@ -49,7 +49,7 @@ def test_generate_with_the_embedded_model() -> None:
         (("generate", "hi", "--model", "/no/such/model.gguf"), "/no/such/model.gguf is not a file"),
         (("generate", "hi", "--quant", "int3"), "quant='int3' is not available; choose one of"),
         (("generate", "hi", "--device", "tpu"), "device='tpu' is not available"),
-        (("bench",), "No such command 'bench'. Did you mean 'benchmark'?"),
+        (("bench",), "No such command 'bench'. Did you mean 'benchmark', 'bench-serve'?"),
         (("generate", "hi", "--bogus"), "No such option: --bogus"),
     ],
 )

@@ -18,7 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,7 +165,9 @@ def run(
     Each server runs alone (the other is stopped) so that they do not share the cores."""
     log_dir.mkdir(parents=True, exist_ok=True)
     rounds: list[Round] = []
-    servers = [("torchburn", lambda: start_torchburn(model, log_dir, max_batch))]
+    servers: list[tuple[str, Callable[[], _Process]]] = [
+        ("torchburn", lambda: start_torchburn(model, log_dir, max_batch))
+    ]
     if gguf is not None:
         servers.append(("llama.cpp", lambda: start_llama_cpp(gguf, threads, log_dir)))
     for name, start in servers:
