@@ -278,12 +278,8 @@ class Engine:
         self._active = [s for s in seqs if not s.done]
 
     def _decode(self, tokens: list[int], caches: list[KVCache]) -> torch.Tensor:
-        decode_batch = getattr(self.model, "decode_batch", None)
-        if decode_batch is not None:
-            logits: torch.Tensor = decode_batch(tokens, caches)
-            return logits
-        rows = [self.model.forward(torch.tensor([t]), c, last_only=True) for t, c in zip(tokens, caches, strict=True)]
-        return torch.cat(rows)
+        logits: torch.Tensor = self.model.decode_batch(tokens, caches)  # [B, V]
+        return logits
 
     def _next(self, seq: _Sequence, logits: torch.Tensor) -> None:
         """Sample ``seq``'s next token from ``logits`` [V] and hand on what it adds."""
