@@ -79,6 +79,9 @@ pub struct Acts {
     pub d: Vec<f32>,
     /// `Σ q` of each 16 consecutive integers
     pub sums16: Vec<i32>,
+    /// the same sums as i16, for the K-quant kernels' 16-bit multiply-adds (int8 per 256 only,
+    /// where each is at most 16 · 127 in magnitude; empty in the other forms)
+    pub sums16_i16: Vec<i16>,
     /// `d · Σ q` of each block
     pub dsum: Vec<f32>,
     /// the row itself (float weight types)
@@ -105,6 +108,7 @@ pub fn quantize(form: ActForm, x: &[f32]) -> Acts {
         q16: vec![],
         d: vec![],
         sums16: vec![],
+        sums16_i16: vec![],
         dsum: vec![],
         f: vec![],
     };
@@ -127,6 +131,9 @@ pub fn quantize(form: ActForm, x: &[f32]) -> Acts {
     (out.d, out.dsum) = (vec![0f32; blocks], vec![0f32; blocks]);
     quantize_blocks(x, block, top, &mut ints, &mut out.d, &mut out.dsum);
     out.sums16 = ints.chunks_exact(SUM_LEN).map(|c| c.iter().sum()).collect();
+    if form == ActForm::Int8x256 {
+        out.sums16_i16 = out.sums16.iter().map(|&s| s as i16).collect();
+    }
     if form == ActForm::Int16x32 {
         out.q16 = ints.iter().map(|&v| v as i16).collect();
     } else {

@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::acts::Acts;
-use super::blocks::{k_scale_min, GgmlType, QK_K};
+use super::blocks::{GgmlType, QK_K};
 use super::GgmlMatrix;
 
 /// The f16 at `p`, converted by F16C (callers run with it enabled).
@@ -138,8 +138,8 @@ unsafe fn rows_dot_on<const VNNI: bool>(
         }
         // the K-quants one row at a time: four rows' scales, sums and accumulators spill registers
         // (measured slower than one)
-        GgmlType::Q4K => each_row!(row => q45k_dot::<false, VNNI>(row, a)),
-        GgmlType::Q5K => each_row!(row => q45k_dot::<true, VNNI>(row, a)),
+        GgmlType::Q4K => each_row!(row => q45k_dot::<false>(row, a)),
+        GgmlType::Q5K => each_row!(row => q45k_dot::<true>(row, a)),
         GgmlType::Q6K => each_row!(row => q6k_dot(row, a)),
         GgmlType::Q8_0 => legacy_rows::<Q8_0, VNNI>(m, rows, a, out),
         GgmlType::Q4_0 => legacy_rows::<Q4_0, VNNI>(m, rows, a, out),
@@ -317,24 +317,58 @@ unsafe fn legacy_group<const T: u8, const VNNI: bool, const R: usize>(
     out
 }
 
-/// The eight 6-bit scales and mins of a Q4_K / Q5_K super-block (its 12 packed bytes).
+/// The eight 6-bit scales (bytes 0..8) and mins (bytes 8..16) of a Q4_K / Q5_K super-block, from
+/// its 12 packed bytes at `packed`, unpacked four at a time in 32-bit words (what
+/// [`super::blocks::k_scale_min`] gives one by one).
 #[inline(always)]
-fn k_scales(packed: &[u8]) -> ([i32; 8], [i32; 8]) {
-    let mut sc = [0i32; 8];
-    let mut mn = [0i32; 8];
-    for j in 0..8 {
-        let (s, m) = k_scale_min(packed, j);
-        sc[j] = s as i32;
-        mn[j] = m as i32;
-    }
-    (sc, mn)
+unsafe fn k_scales(packed: *const u8) -> __m128i {
+    let word = |i: usize| (packed.add(4 * i) as *const u32).read_unaligned();
+    let (w0, w1, w2) = (word(0), word(1), word(2));
+    const LOW6: u32 = 0x3F3F_3F3F;
+    const LOW4: u32 = 0x0F0F_0F0F;
+    const TOP2: u32 = 0x0303_0303;
+    // sub-blocks 0..4 keep the low six bits of bytes 0..4 (scales) and 4..8 (mins); sub-blocks
+    // 4..8 take a nibble of bytes 8..12 and the top two bits of those bytes
+    let scales_hi = (w2 & LOW4) | (((w0 >> 6) & TOP2) << 4);
+    let mins_hi = ((w2 >> 4) & LOW4) | (((w1 >> 6) & TOP2) << 4);
+    _mm_setr_epi32(
+        (w0 & LOW6) as i32,
+        scales_hi as i32,
+        (w1 & LOW6) as i32,
+        mins_hi as i32,
+    )
+}
+
+/// The i16 in lane `j` (of eight) of each 128-bit half of `v`, in all of that half's lanes.
+#[inline(always)]
+unsafe fn spread_i16(v: __m256i, j: i32) -> __m256i {
+    _mm256_shuffle_epi8(v, _mm256_set1_epi16((((2 * j + 1) << 8) | (2 * j)) as i16))
+}
+
+/// The exact sum of the eight i32 lanes of `v`.
+#[inline(always)]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// `acc + Σ p · scale` in i32 lanes over pairs of i16 lanes. VNNI's `vpdpwssd` would fuse the
+/// two, but its five-cycle accumulation chains the sub-blocks: the separate multiply-add and add
+/// measured faster in these loops on the AVX-512 VNNI machine.
+#[inline(always)]
+unsafe fn add_scaled(acc: __m256i, p: __m256i, scale: __m256i) -> __m256i {
+    _mm256_add_epi32(acc, _mm256_madd_epi16(p, scale))
 }
 
 /// Q4_K and Q5_K: super-blocks of 256 in eight sub-blocks of 32 with 6-bit scales and mins. The
 /// sub-blocks' exact sums (times their integer scales) add up per super-block, then one multiply-add
-/// per super-block.
+/// per super-block. Each 32 products go through `vpmaddubsw` (pairs, exact in i16: at most
+/// 2 · 31 · 127) and then one 16-bit multiply-add by the sub-block's scale; the mins' term is one
+/// multiply-add of the duplicated mins with the activations' 16-element sums.
 #[inline(always)]
-unsafe fn q45k_dot<const FIVE: bool, const VNNI: bool>(row: &[u8], a: &Acts) -> f32 {
+unsafe fn q45k_dot<const FIVE: bool>(row: &[u8], a: &Acts) -> f32 {
     let bytes = if FIVE { 176 } else { 144 };
     let low = _mm256_set1_epi8(0x0F);
     let mut acc = _mm256_setzero_ps();
@@ -342,16 +376,22 @@ unsafe fn q45k_dot<const FIVE: bool, const VNNI: bool>(row: &[u8], a: &Acts) -> 
     for (b, block) in row.chunks_exact(bytes).enumerate() {
         let dx = *a.d.get_unchecked(b);
         let xq = a.q.as_ptr().add(QK_K * b);
-        let sums = &a.sums16[16 * b..16 * b + 16];
-        let (scales, mn) = k_scales(&block[4..16]);
-        let mut msum = 0i32;
-        for c in 0..4 {
-            msum += mn[2 * c] * (sums[4 * c] + sums[4 * c + 1])
-                + mn[2 * c + 1] * (sums[4 * c + 2] + sums[4 * c + 3]);
-        }
+        let packed = k_scales(block.as_ptr().add(4));
+        // lanes 2j and 2j + 1: min j, against sums 2j and 2j + 1 (sub-block j's halves)
+        let mins16 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(packed, packed));
+        let sums = _mm256_loadu_si256(a.sums16_i16.as_ptr().add(16 * b) as *const __m256i);
+        let msum = hsum_i32(_mm256_madd_epi16(mins16, sums));
         mins += half_at(block, 2) * dx * msum as f32;
+        // the eight scales as i16, in both halves
+        let scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(packed));
         let nib = block.as_ptr().add(if FIVE { 48 } else { 16 });
-        let mut isum = _mm256_setzero_si256();
+        let high = if FIVE {
+            _mm256_loadu_si256(block.as_ptr().add(16) as *const __m256i)
+        } else {
+            _mm256_setzero_si256()
+        };
+        // two chains, one per sub-block of each pair, so consecutive accumulations do not wait
+        let (mut isum0, mut isum1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
         for c in 0..4 {
             let x0 = _mm256_loadu_si256(xq.add(64 * c) as *const __m256i);
             let x1 = _mm256_loadu_si256(xq.add(64 * c + 32) as *const __m256i);
@@ -359,7 +399,6 @@ unsafe fn q45k_dot<const FIVE: bool, const VNNI: bool>(row: &[u8], a: &Acts) -> 
             let mut w0 = _mm256_and_si256(n, low);
             let mut w1 = _mm256_and_si256(_mm256_srli_epi16::<4>(n), low);
             if FIVE {
-                let high = _mm256_loadu_si256(block.as_ptr().add(16) as *const __m256i);
                 let (bit0, bit1) = (
                     _mm256_set1_epi8(1 << (2 * c)),
                     _mm256_set1_epi8(2 << (2 * c)),
@@ -370,21 +409,12 @@ unsafe fn q45k_dot<const FIVE: bool, const VNNI: bool>(row: &[u8], a: &Acts) -> 
                 w0 = _mm256_or_si256(w0, _mm256_and_si256(h0, sixteen));
                 w1 = _mm256_or_si256(w1, _mm256_and_si256(h1, sixteen));
             }
-            let (sc0, sc1) = (scales[2 * c], scales[2 * c + 1]);
-            // each sub-block's exact sum times its integer scale (in i32: at most 63 · 32 · 31 · 127)
-            let (s0, s1) = if VNNI {
-                (
-                    _mm256_mullo_epi32(dot32_plain::<VNNI>(w0, x0), _mm256_set1_epi32(sc0)),
-                    _mm256_mullo_epi32(dot32_plain::<VNNI>(w1, x1), _mm256_set1_epi32(sc1)),
-                )
-            } else {
-                (
-                    dot32(w0, x0, _mm256_set1_epi16(sc0 as i16)),
-                    dot32(w1, x1, _mm256_set1_epi16(sc1 as i16)),
-                )
-            };
-            isum = _mm256_add_epi32(isum, _mm256_add_epi32(s0, s1));
+            let (p0, p1) = (_mm256_maddubs_epi16(w0, x0), _mm256_maddubs_epi16(w1, x1));
+            let c = c as i32;
+            isum0 = add_scaled(isum0, p0, spread_i16(scales, 2 * c));
+            isum1 = add_scaled(isum1, p1, spread_i16(scales, 2 * c + 1));
         }
+        let isum = _mm256_add_epi32(isum0, isum1);
         let d = half_at(block, 0);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * dx), acc);
     }
@@ -392,6 +422,8 @@ unsafe fn q45k_dot<const FIVE: bool, const VNNI: bool>(row: &[u8], a: &Acts) -> 
 }
 
 /// Q6_K: super-blocks of 256 in sixteen sub-blocks of 16 with int8 scales, values 6-bit minus 32.
+/// The scales are widened to i16 once per super-block; each group of 32 products takes its two
+/// sub-blocks' scales from them by a byte shuffle.
 #[inline(always)]
 unsafe fn q6k_dot(row: &[u8], a: &Acts) -> f32 {
     let low = _mm256_set1_epi8(0x0F);
@@ -401,13 +433,20 @@ unsafe fn q6k_dot(row: &[u8], a: &Acts) -> f32 {
     for (b, block) in row.chunks_exact(210).enumerate() {
         let dx = *a.d.get_unchecked(b);
         let xq = a.q.as_ptr().add(QK_K * b);
-        let sums = &a.sums16[16 * b..16 * b + 16];
         let d = half_at(block, 208);
-        let sc = &block[192..208];
-        let bsum: i32 = (0..16).map(|s| (sc[s] as i8) as i32 * sums[s]).sum();
+        // the sixteen scales as i16: sub-blocks 0..8 in the low half, 8..16 in the high one
+        let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(block.as_ptr().add(192) as *const __m128i));
+        let sums = _mm256_loadu_si256(a.sums16_i16.as_ptr().add(16 * b) as *const __m256i);
+        let bsum = hsum_i32(_mm256_madd_epi16(sc, sums));
         bias += 32.0 * d * dx * bsum as f32;
-        let mut isum = _mm256_setzero_si256();
-        for half in 0..2 {
+        let mut isum = [_mm256_setzero_si256(); 2];
+        for (half, isum) in isum.iter_mut().enumerate() {
+            // this half's eight scales in both 128-bit halves
+            let scales = if half == 0 {
+                _mm256_permute2x128_si256::<0x00>(sc, sc)
+            } else {
+                _mm256_permute2x128_si256::<0x11>(sc, sc)
+            };
             let qh = _mm256_loadu_si256(block.as_ptr().add(128 + 32 * half) as *const __m256i);
             for g in 0..4 {
                 let x = _mm256_loadu_si256(xq.add(128 * half + 32 * g) as *const __m256i);
@@ -425,14 +464,14 @@ unsafe fn q6k_dot(row: &[u8], a: &Acts) -> f32 {
                     _ => _mm256_srli_epi16::<6>(qh),
                 };
                 let w = _mm256_or_si256(nib, _mm256_slli_epi16::<4>(_mm256_and_si256(hb, three)));
-                let s = 8 * half + 2 * g; // the group's two sub-blocks of 16
-                let scale = _mm256_set_m128i(
-                    _mm_set1_epi16((sc[s + 1] as i8) as i16),
-                    _mm_set1_epi16((sc[s] as i8) as i16),
-                );
-                isum = _mm256_add_epi32(isum, dot32(w, x, scale));
+                // the group's two sub-blocks of 16: scale 2g in the low half, 2g + 1 in the high
+                let j = 2 * g as i32;
+                let pick = |j: i32| _mm_set1_epi16((((2 * j + 1) << 8) | (2 * j)) as i16);
+                let scale = _mm256_shuffle_epi8(scales, _mm256_set_m128i(pick(j + 1), pick(j)));
+                *isum = add_scaled(*isum, _mm256_maddubs_epi16(w, x), scale);
             }
         }
+        let isum = _mm256_add_epi32(isum[0], isum[1]);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * dx), acc);
     }
     hsum(acc) - bias
