@@ -57,10 +57,13 @@ PREFILL_TOKENS = 8  # from this many tokens on, products take f32 activations
 
 
 def _as_kernels_see(kind: str, x: np.ndarray) -> np.ndarray:
-    """``x`` [T, k] as the products read it: integers per block (f32 arithmetic, halves away from zero)."""
-    if kind in ("F32", "F16", "BF16") or x.shape[0] >= PREFILL_TOKENS:
+    """``x`` [T, k] as the products read it: integers per block (f32 arithmetic, halves away from zero).
+    A prompt (``PREFILL_TOKENS`` or more) multiplies f32 activations, except the K-quants', which are
+    int8 per block of 32 there (their integer prompt tiles)."""
+    prompt = x.shape[0] >= PREFILL_TOKENS
+    if kind in ("F32", "F16", "BF16") or (prompt and kind not in K_QUANTS):
         return x.astype(np.float64)
-    block = 256 if kind in K_QUANTS else 32
+    block = 256 if kind in K_QUANTS and not prompt else 32
     top = np.float32(32767 if kind == "Q8_0" else 127)
     xb = x.astype(np.float32).reshape(x.shape[0], -1, block)
     scale = (np.abs(xb).max(axis=-1, keepdims=True) / top).astype(np.float32)

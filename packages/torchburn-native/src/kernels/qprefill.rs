@@ -1,9 +1,11 @@
-//! Products of quantized weights with many tokens at once (an LLM's prefill).
+//! Products of quantized weights with many tokens at once (an LLM's prefill). GGUF's K-quants take
+//! their own integer tiles (`ggml::kprefill`); everything else comes here.
 //!
 //! One token against the weights (decode) is bound by reading them, so those kernels keep the weights
 //! packed and quantize the activations to integers. Many tokens against the same rows are bound by
-//! arithmetic instead, and f32 FMAs beat the integer tiles there. The tokens are transposed once per
-//! product (k-major, so one k holds 16 tokens side by side in a vector); each task dequantizes its
+//! arithmetic instead; for the types here, f32 FMAs on dequantized rows (exact activations) run them.
+//! The tokens are transposed once per product (k-major, so one k holds 16 tokens side by side in a
+//! vector); each task dequantizes its
 //! rows into f32 a group at a time, into L1, and multiplies the group with every token: per k, each
 //! row's weight broadcast times two vectors of tokens, into accumulators that stay in registers (the
 //! micro-kernel of a packed GEMM).
@@ -18,7 +20,7 @@ use torchburn_native_macros::isa_versions;
 
 use half::f16;
 
-use super::ggml::GgmlMatrix;
+use super::ggml::{kprefill, GgmlMatrix};
 use super::quant::{QMatrix, QWeights, BLOCK};
 use crate::threads;
 
@@ -28,6 +30,10 @@ pub trait RowSource: Sync {
     fn shape(&self) -> (usize, usize);
     /// Rows `rows` as f32 into `out` (`rows.len() · k` values).
     fn rows_f32(&self, rows: Range<usize>, out: &mut [f32]);
+    /// The matrix as GGUF blocks, where it is one (the K-quants multiply in integers instead).
+    fn as_ggml(&self) -> Option<&GgmlMatrix> {
+        None
+    }
 }
 
 impl RowSource for QMatrix {
@@ -45,6 +51,9 @@ impl RowSource for GgmlMatrix {
     }
     fn rows_f32(&self, rows: Range<usize>, out: &mut [f32]) {
         self.dequantize_rows(rows, out)
+    }
+    fn as_ggml(&self) -> Option<&GgmlMatrix> {
+        Some(self)
     }
 }
 
@@ -105,6 +114,28 @@ fn matmul_many_on(
     assert_eq!(x.len(), tokens * k, "input length");
     for (m, out) in ms.iter().zip(outs.iter()) {
         assert_eq!(out.len(), tokens * m.shape().0, "output length");
+    }
+    // the K-quants take their integer tiles (see `ggml::kprefill`), whatever they are grouped with
+    let is_k_quant = |m: &&dyn RowSource| m.as_ggml().is_some_and(|g| kprefill::takes(g.kind));
+    if ms.iter().any(is_k_quant) {
+        let (mut k_ms, mut k_outs, mut rest, mut rest_outs) = (vec![], vec![], vec![], vec![]);
+        for (m, out) in ms.iter().zip(outs.iter_mut()) {
+            match m.as_ggml().filter(|g| kprefill::takes(g.kind)) {
+                Some(g) => {
+                    k_ms.push(g);
+                    k_outs.push(&mut **out);
+                }
+                None => {
+                    rest.push(*m);
+                    rest_outs.push(&mut **out);
+                }
+            }
+        }
+        kprefill::matmul_many_on(&k_ms, x, tokens, &mut k_outs, simd);
+        if !rest.is_empty() {
+            matmul_many_on(&rest, x, tokens, &mut rest_outs, simd);
+        }
+        return;
     }
     // xt[kk·stride + t] = x[t·k + kk], tokens padded with zeros to whole vectors
     let stride = tokens.next_multiple_of(LANES);

@@ -430,6 +430,8 @@ impl QMatrix {
             rows.end <= self.n && out.len() >= rows.len(),
             "rows out of range"
         );
+        // (only the x86 paths below move it)
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
         let mut r = rows.start;
         #[cfg(target_arch = "x86_64")]
         if matches!(isa, Isa::Avx512 | Isa::Avx512Vnni) {
@@ -475,6 +477,7 @@ impl QMatrix {
         let len = rows.len();
         assert!(rows.end <= self.n, "rows out of range");
         assert_eq!(out.len(), acts.len() * len, "output length");
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
         let mut first = 0; // the first token the row-by-row loop below still has to do
         #[cfg(target_arch = "x86_64")]
         if matches!(isa, Isa::Avx512 | Isa::Avx512Vnni)

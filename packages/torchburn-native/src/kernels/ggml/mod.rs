@@ -6,7 +6,8 @@
 //! - [`dequant`]: rows to f32 at speed (prompts dequantize each row once);
 //! - [`dot`]: the portable row products (the baseline path);
 //! - `dot_avx2`: the AVX2 row products (also run at the AVX-512 level);
-//! - `dot_tokens`: the 32-element types' row products against several tokens at once.
+//! - `dot_tokens`: the 32-element types' row products against several tokens at once;
+//! - [`kprefill`]: the K-quants' products with many tokens (a prompt) in integers.
 
 pub mod acts;
 pub mod blocks;
@@ -16,6 +17,7 @@ pub mod dot;
 pub mod dot_avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod dot_tokens;
+pub mod kprefill;
 
 use std::any::Any;
 use std::ops::Range;
