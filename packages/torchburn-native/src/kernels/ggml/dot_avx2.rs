@@ -67,15 +67,13 @@ pub(super) unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-/// 16 bytes of nibbles as 32 bytes: the low nibbles first, then the high ones.
+/// 16 bytes of nibbles as 32 bytes: the low nibbles first, then the high ones. The 16 bytes are
+/// loaded into both halves at once, and one variable shift moves only the upper half's.
 #[inline(always)]
 pub(super) unsafe fn nibbles16(p: *const u8) -> __m256i {
-    let n = _mm_loadu_si128(p as *const __m128i);
-    let low = _mm_set1_epi8(0x0F);
-    _mm256_set_m128i(
-        _mm_and_si128(_mm_srli_epi16::<4>(n), low),
-        _mm_and_si128(n, low),
-    )
+    let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+    let shifted = _mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4));
+    _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F))
 }
 
 /// 0x10 in byte i where bit i of `bits` is set.
@@ -96,6 +94,18 @@ pub(super) unsafe fn fifth_bits(bits: u32) -> __m256i {
     _mm256_and_si256(set, _mm256_set1_epi8(0x10))
 }
 
+/// `nibbles` with 16 added in byte i where bit i of `bits` is set (the fifth bits of Q5_0 and Q5_1).
+/// The VNNI copy runs with AVX-512 BW and VL, whose byte-masked add takes the bits as a mask register:
+/// one instruction where [`fifth_bits`] spreads them with five.
+#[inline(always)]
+unsafe fn with_fifth_bits<const VNNI: bool>(nibbles: __m256i, bits: u32) -> __m256i {
+    if VNNI {
+        _mm256_mask_add_epi8(nibbles, bits, nibbles, _mm256_set1_epi8(0x10))
+    } else {
+        _mm256_or_si256(nibbles, fifth_bits(bits))
+    }
+}
+
 /// Rows `rows` of `m` times one activation row, into `out` (one value per row).
 ///
 /// # Safety
@@ -109,8 +119,8 @@ pub unsafe fn rows_dot(m: &GgmlMatrix, rows: Range<usize>, a: &Acts, out: &mut [
 /// [`rows_dot`] with AVX-512 VNNI's `vpdpbusd` on 256-bit lanes.
 ///
 /// # Safety
-/// As [`rows_dot`], and the CPU must have AVX-512 F, VL and VNNI.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+/// As [`rows_dot`], and the CPU must have AVX-512 F, BW, VL and VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn rows_dot_vnni(m: &GgmlMatrix, rows: Range<usize>, a: &Acts, out: &mut [f32]) {
     rows_dot_on::<true>(m, rows, a, out)
 }
@@ -240,13 +250,11 @@ unsafe fn legacy_block<const T: u8, const VNNI: bool>(
         Q4_1 => (nibbles16(block.add(4)), second),
         Q5_0 => {
             let high = (block.add(2) as *const u32).read_unaligned();
-            let w = _mm256_or_si256(nibbles16(block.add(6)), fifth_bits(high));
-            (w, -16.0 * d)
+            (with_fifth_bits::<VNNI>(nibbles16(block.add(6)), high), -16.0 * d)
         }
         _ => {
             let high = (block.add(4) as *const u32).read_unaligned();
-            let w = _mm256_or_si256(nibbles16(block.add(8)), fifth_bits(high));
-            (w, second)
+            (with_fifth_bits::<VNNI>(nibbles16(block.add(8)), high), second)
         }
     };
     (dot32_plain::<VNNI>(w, x), d, fix)
