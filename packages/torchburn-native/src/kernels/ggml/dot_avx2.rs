@@ -250,11 +250,17 @@ unsafe fn legacy_block<const T: u8, const VNNI: bool>(
         Q4_1 => (nibbles16(block.add(4)), second),
         Q5_0 => {
             let high = (block.add(2) as *const u32).read_unaligned();
-            (with_fifth_bits::<VNNI>(nibbles16(block.add(6)), high), -16.0 * d)
+            (
+                with_fifth_bits::<VNNI>(nibbles16(block.add(6)), high),
+                -16.0 * d,
+            )
         }
         _ => {
             let high = (block.add(4) as *const u32).read_unaligned();
-            (with_fifth_bits::<VNNI>(nibbles16(block.add(8)), high), second)
+            (
+                with_fifth_bits::<VNNI>(nibbles16(block.add(8)), high),
+                second,
+            )
         }
     };
     (dot32_plain::<VNNI>(w, x), d, fix)
