@@ -16,6 +16,7 @@ use std::ops::Range;
 use super::acts::Acts;
 use super::blocks::{GgmlType, QK_K};
 use super::GgmlMatrix;
+use crate::kernels::prefetch;
 
 /// The f16 at `p`, converted by F16C (callers run with it enabled).
 #[inline(always)]
@@ -376,6 +377,18 @@ unsafe fn add_scaled(acc: __m256i, p: __m256i, scale: __m256i) -> __m256i {
     _mm256_add_epi32(acc, _mm256_madd_epi16(p, scale))
 }
 
+/// Prefetches the lines a super-block [`prefetch::DISTANCE_BYTES`] ahead of `block` will take. A
+/// row product of a model too large for the caches reads its weights from memory once each, in order;
+/// the hardware streamer alone stops at each 4 KiB page and keeps too few lines in flight.
+#[inline(always)]
+fn prefetch_block(block: &[u8]) {
+    let mut at = 0;
+    while at < block.len() {
+        prefetch::read_ahead(block.as_ptr().wrapping_add(at));
+        at += prefetch::LINE_BYTES;
+    }
+}
+
 /// Q4_K and Q5_K: super-blocks of 256 in eight sub-blocks of 32 with 6-bit scales and mins. The
 /// sub-blocks' exact sums (times their integer scales) add up per super-block, then one multiply-add
 /// per super-block. Each 32 products go through `vpmaddubsw` (pairs, exact in i16: at most
@@ -388,6 +401,7 @@ unsafe fn q45k_dot<const FIVE: bool>(row: &[u8], a: &Acts) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut mins = 0f32;
     for (b, block) in row.chunks_exact(bytes).enumerate() {
+        prefetch_block(block);
         let dx = *a.d.get_unchecked(b);
         let xq = a.q.as_ptr().add(QK_K * b);
         let packed = k_scales(block.as_ptr().add(4));
@@ -445,6 +459,7 @@ unsafe fn q6k_dot(row: &[u8], a: &Acts) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut bias = 0f32;
     for (b, block) in row.chunks_exact(210).enumerate() {
+        prefetch_block(block);
         let dx = *a.d.get_unchecked(b);
         let xq = a.q.as_ptr().add(QK_K * b);
         let d = half_at(block, 208);
