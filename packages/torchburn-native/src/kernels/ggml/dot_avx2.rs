@@ -306,6 +306,13 @@ unsafe fn legacy_group<const T: u8, const VNNI: bool, const R: usize>(
     let mut acc = [_mm256_setzero_ps(); R];
     let mut fix = [0f32; R];
     for b in 0..blocks {
+        // one prefetch per cache line of each row (see `prefetch_block`): where a block starts
+        // within its first bytes
+        if (b * bytes) % prefetch::LINE_BYTES < bytes {
+            for p in ps {
+                prefetch::read_ahead(p.wrapping_add(b * bytes));
+            }
+        }
         let dx = *a.d.get_unchecked(b);
         let dsum = *a.dsum.get_unchecked(b);
         let (x, x16) = if T == Q8_0 {
