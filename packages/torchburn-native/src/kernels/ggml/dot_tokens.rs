@@ -25,6 +25,7 @@ use super::dot_avx2::{
     dot32, fifth_bits, halves_ptr, hsum, nibbles16, LEGACY_BYTES, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
 };
 use super::{GgmlMatrix, GgmlType};
+use crate::kernels::prefetch;
 
 /// Whether these kernels take `kind`.
 pub fn takes(kind: GgmlType) -> bool {
@@ -152,6 +153,9 @@ unsafe fn zmm_row<const T: u8, const VNNI: bool, const P: usize>(
     let mut fix = _mm512_setzero_ps(); // lane t: token t's offset sum
     for b in 0..blocks {
         let block = row.add(b * bytes);
+        if (b * bytes) % prefetch::LINE_BYTES < bytes {
+            prefetch::read_ahead(block); // once per line, as the one-token kernel
+        }
         // the scale, and the offset where the type has one (see `halves_ptr`)
         let (d, second) = halves_ptr(block);
         let dv = _mm512_set1_ps(d);
@@ -252,6 +256,9 @@ unsafe fn ymm_row<const T: u8, const N: usize>(
     let mut fix = [0f32; N];
     for b in 0..blocks {
         let block = row.add(b * bytes);
+        if (b * bytes) % prefetch::LINE_BYTES < bytes {
+            prefetch::read_ahead(block);
+        }
         let (d, second) = halves_ptr(block);
         if T == Q8_0 {
             let w = _mm256_loadu_si256(block.add(2) as *const __m256i);
