@@ -108,6 +108,17 @@ struct DecodedRows {
     q: Vec<u8>,
     scale: Vec<f32>,
     min: Vec<f32>,
+    /// the largest value `q` can hold (15 for Q4_K, 31 for Q5_K, 63 for Q6_K)
+    top: usize,
+}
+
+impl DecodedRows {
+    /// Steps of four elements whose `vpmaddubsw` pairs (each at most `2 · top · 128`) can add up in
+    /// i16 lanes before one widening to i32: 8 for Q4_K, 4 for Q5_K, 2 for Q6_K.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn steps_in_i16(&self) -> usize {
+        i16::MAX as usize / (2 * self.top * 128)
+    }
 }
 
 fn half_at(b: &[u8], at: usize) -> f32 {
@@ -183,11 +194,17 @@ impl DecodedRows {
             q: vec![0; ROWS * k],
             scale: vec![0.0; ROWS * k / sub],
             min: vec![0.0; ROWS * k / sub],
+            top: 63,
         }
     }
 
     fn fill(&mut self, m: &GgmlMatrix, rows: Range<usize>) {
         let (k, subs) = (m.k, m.k / m.kind.sub_len());
+        self.top = match m.kind {
+            GgmlType::Q4K => 15,
+            GgmlType::Q5K => 31,
+            _ => 63,
+        };
         for (i, r) in rows.enumerate() {
             decode_row(
                 m.kind,
@@ -505,20 +522,26 @@ mod x86 {
         while r < rows {
             let take = (rows - r).min(2);
             for v in 0..x.vectors {
-                if take == 2 {
-                    rows_ymm::<2>(w, r, x, v, tokens, out.add(r), n);
-                } else {
-                    rows_ymm::<1>(w, r, x, v, tokens, out.add(r), n);
+                macro_rules! pass {
+                    ($($g:literal)*) => {
+                        match (take, w.steps_in_i16().min(8)) {
+                            $((2, $g) => rows_ymm::<2, $g>(w, r, x, v, tokens, out.add(r), n),)*
+                            $((_, $g) => rows_ymm::<1, $g>(w, r, x, v, tokens, out.add(r), n),)*
+                            (_, other) => unreachable!("{other} steps in i16"),
+                        }
+                    };
                 }
+                pass!(2 4 8);
             }
             r += take;
         }
         debug_assert!(rows <= ROWS);
     }
 
-    /// Rows `r0..r0 + R` against token vector `v`, in two halves of eight tokens.
+    /// Rows `r0..r0 + R` against token vector `v`, in two halves of eight tokens; `G` steps' pairs
+    /// summed in i16 before each widening (exact: see [`DecodedRows::steps_in_i16`]).
     #[inline(always)]
-    unsafe fn rows_ymm<const R: usize>(
+    unsafe fn rows_ymm<const R: usize, const G: usize>(
         w: &DecodedRows,
         r0: usize,
         x: &PackedTokens,
@@ -533,16 +556,24 @@ mod x86 {
         let xq = x.q.as_ptr().add(v * k * LANES);
         for s in 0..subs {
             let mut isum = [[_mm256_setzero_si256(); 2]; R];
-            for k4 in (s * sub / 4)..((s + 1) * sub / 4) {
-                let lo = _mm256_loadu_si256(xq.add(k4 * 64) as *const __m256i);
-                let hi = _mm256_loadu_si256(xq.add(k4 * 64 + 32) as *const __m256i);
-                for (r, isum) in isum.iter_mut().enumerate() {
-                    let four =
-                        (w.q.as_ptr().add((r0 + r) * k + 4 * k4) as *const i32).read_unaligned();
-                    let wv = _mm256_set1_epi32(four);
-                    for (acc, xv) in isum.iter_mut().zip([lo, hi]) {
-                        let pairs = _mm256_maddubs_epi16(wv, xv);
-                        *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(pairs, ones));
+            let (first, end) = (s * sub / 4, (s + 1) * sub / 4);
+            for g in (first..end).step_by(G) {
+                let mut pairs = [[_mm256_setzero_si256(); 2]; R];
+                for k4 in g..(g + G).min(end) {
+                    let lo = _mm256_loadu_si256(xq.add(k4 * 64) as *const __m256i);
+                    let hi = _mm256_loadu_si256(xq.add(k4 * 64 + 32) as *const __m256i);
+                    for (r, pairs) in pairs.iter_mut().enumerate() {
+                        let four = (w.q.as_ptr().add((r0 + r) * k + 4 * k4) as *const i32)
+                            .read_unaligned();
+                        let wv = _mm256_set1_epi32(four);
+                        for (p, xv) in pairs.iter_mut().zip([lo, hi]) {
+                            *p = _mm256_add_epi16(*p, _mm256_maddubs_epi16(wv, xv));
+                        }
+                    }
+                }
+                for (isum, pairs) in isum.iter_mut().zip(&pairs) {
+                    for (acc, &p) in isum.iter_mut().zip(pairs) {
+                        *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(p, ones));
                     }
                 }
             }
@@ -652,6 +683,45 @@ mod tests {
             }
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&plain), bits(&portable), "{}", kind.name());
+        }
+    }
+
+    #[test]
+    fn extreme_blocks_do_not_overflow_the_narrow_sums() {
+        // every value at its largest and every activation at ±127 of one sign: the widest i16 pair
+        // sums the AVX2 tile adds before widening
+        use super::super::WeightBytes;
+        let (k, tokens) = (256, 17);
+        for kind in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+            let mut bytes = vec![0xFFu8; kind.row_bytes(k) * 2];
+            for block in bytes.chunks_exact_mut(kind.block_bytes()) {
+                let at: &[usize] = if kind == GgmlType::Q6K {
+                    &[208]
+                } else {
+                    &[0, 2]
+                };
+                for &a in at {
+                    block[a..a + 2].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
+                }
+                if kind == GgmlType::Q6K {
+                    block[192..208].fill(0x7F); // scales +127
+                }
+            }
+            let m = GgmlMatrix::new(kind, 2, k, WeightBytes::owned(bytes)).unwrap();
+            for sign in [1.0f32, -1.0] {
+                let x = vec![sign; tokens * k];
+                let (mut simd, mut portable) = (vec![0f32; tokens * 2], vec![0f32; tokens * 2]);
+                matmul_many_on(&[&m], &x, tokens, &mut [&mut simd], true);
+                matmul_many_on(&[&m], &x, tokens, &mut [&mut portable], false);
+                assert_eq!(simd, portable, "{} at {sign}", kind.name());
+                let want = reference(&m, &x, tokens);
+                for (&got, &want) in simd.iter().zip(&want) {
+                    assert!(
+                        (got as f64 - want).abs() <= 1e-5 * want.abs().max(1.0),
+                        "{got} against {want}"
+                    );
+                }
+            }
         }
     }
 
