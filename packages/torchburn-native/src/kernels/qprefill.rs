@@ -116,11 +116,10 @@ fn matmul_many_on(
         assert_eq!(out.len(), tokens * m.shape().0, "output length");
     }
     // the K-quants take their integer tiles (see `ggml::kprefill`), whatever they are grouped with
-    let is_k_quant = |m: &&dyn RowSource| m.as_ggml().is_some_and(|g| kprefill::takes(g.kind));
-    if ms.iter().any(is_k_quant) {
+    if ms.iter().any(|m| k_quant(*m).is_some()) {
         let (mut k_ms, mut k_outs, mut rest, mut rest_outs) = (vec![], vec![], vec![], vec![]);
         for (m, out) in ms.iter().zip(outs.iter_mut()) {
-            match m.as_ggml().filter(|g| kprefill::takes(g.kind)) {
+            match k_quant(*m) {
                 Some(g) => {
                     k_ms.push(g);
                     k_outs.push(&mut **out);
@@ -184,6 +183,11 @@ fn matmul_many_on(
             unsafe { group_product(w, rows, k, xt, stride, tokens, out.get().add(r0), n, simd) };
         }
     });
+}
+
+/// `m` as a K-quant matrix, which takes the integer tiles of `ggml::kprefill`.
+fn k_quant(m: &dyn RowSource) -> Option<&GgmlMatrix> {
+    m.as_ggml().filter(|g| kprefill::takes(g.kind))
 }
 
 /// Rows `rows` of the weights as f32 into `out` (`rows.len() · k` values).

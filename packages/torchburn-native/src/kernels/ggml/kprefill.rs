@@ -24,7 +24,7 @@ use std::ops::Range;
 use half::f16;
 use torchburn_native_macros::isa_versions;
 
-use super::acts::{quantize, ActForm};
+use super::acts::{quantize, ActForm, SUM_LEN};
 use super::blocks::{k_scale_min, GgmlType, QK_K};
 use super::GgmlMatrix;
 use crate::threads;
@@ -88,7 +88,8 @@ impl PackedTokens {
                     for s in 0..subs {
                         let at = (v * subs + s) * LANES + lane;
                         let d = a.d[s * sub / ACT_BLOCK];
-                        let qsum: i32 = a.q[s * sub..(s + 1) * sub].iter().map(|&q| q as i32).sum();
+                        let sums = &a.sums16[s * sub / SUM_LEN..(s + 1) * sub / SUM_LEN];
+                        let qsum: i32 = sums.iter().sum();
                         *dx_ptr.get().add(at) = d;
                         *xsum_ptr.get().add(at) = d * qsum as f32;
                     }
@@ -304,7 +305,7 @@ unsafe fn tile(
 ) {
     #[cfg(target_arch = "x86_64")]
     if simd && crate::isa::avx512() {
-        if x86::vnni() {
+        if super::vnni() {
             return x86::tile_avx512_vnni(w, rows, x, tokens, out, n);
         }
         return x86::tile_avx512(w, rows, x, tokens, out, n);
@@ -354,12 +355,6 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::{DecodedRows, PackedTokens, LANES, ROWS};
-
-    pub fn vnni() -> bool {
-        use std::sync::OnceLock;
-        static VNNI: OnceLock<bool> = OnceLock::new();
-        *VNNI.get_or_init(|| std::arch::is_x86_feature_detected!("avx512vnni"))
-    }
 
     /// # Safety
     /// As [`super::tile`]; the CPU has AVX-512 F and BW.
