@@ -36,6 +36,23 @@ def test_comparison_against_given_logits_counts_agreement_and_perplexity(smollm2
         acc.compare(logits[:10], smollm2, ids, "prefill")
 
 
+def test_logits_against_logits_match_the_model_comparison(smollm2: LLM) -> None:
+    ids = smollm2.encode(acc.evaluation_text())[:200]
+    prompt = acc.teacher_forced_logits(smollm2, ids, "prefill")  # [199, V]
+    decode = acc.teacher_forced_logits(smollm2, ids, "decode")
+    assert prompt.shape == decode.shape == (199, smollm2.config.vocab_size)
+    row = acc.compare_logits(prompt, decode, ids, "own", "decode", "prompt")
+    # the same numbers as comparing the model on its decode path against the prompt logits
+    whole = acc.compare(prompt, smollm2, ids, "decode", "prompt")
+    assert (row.top1_agreement, row.perplexity, row.reference_perplexity) == pytest.approx(
+        (whole.top1_agreement, whole.perplexity, whole.reference_perplexity)
+    )
+    by_hand = float((prompt.argmax(-1) == decode.argmax(-1)).float().mean())
+    assert row.top1_agreement == pytest.approx(by_hand) and row.quant == "own"
+    with pytest.raises(ValueError, match="candidate logits cover 10 positions, 199 are compared"):
+        acc.compare_logits(prompt, decode[:10], ids, "own", "decode", "prompt")
+
+
 def test_random_llama_files_load_and_encode(tmp_path: Path) -> None:
     shape = bench_files.Shape(64, 128, 2, 4, 2, vocab=49300, tied=False, context=64)
     path = tmp_path / "random.gguf"

@@ -232,7 +232,8 @@ def accuracy(
 ) -> None:
     """Top-1 agreement and perplexity of quantized weights against fp32 (or llama.cpp on the same file),
     teacher-forced on a long text, on the prefill path (prompts) and the decode path (one token per
-    step, as generation runs)."""
+    step, as generation runs). With --llama-cpp the first row is llama.cpp's own decode path against its
+    prompt path: the agreement left when only the rounding differs."""
     import torch
 
     from torchburn_llm import accuracy as acc
@@ -248,8 +249,14 @@ def accuracy(
 
         path = Path(model) if model else default_model_path()
         print(f"torchburn kernels: {_isa_level()}; {llamacpp_peer.system_info()}")
-        reference, name = llamacpp_peer.teacher_forced_logits(path, ids[:-1], torch.get_num_threads()), "llama.cpp"
-    rows = []
+        threads = torch.get_num_threads()
+        reference, name = llamacpp_peer.teacher_forced_logits(path, ids[:-1], threads), "llama.cpp"
+        # llama.cpp's one-token path against its own prompt path: how far two computations of the
+        # same file drift when only their rounding differs, the floor for reading the rows below
+        own = llamacpp_peer.teacher_forced_logits(path, ids[:-1], threads, chunk=1)
+        rows = [acc.compare_logits(reference, own, ids, "llama.cpp", "decode", name)]
+    else:
+        rows = []
     for q in quant or (["stored"] if llama_cpp else ["int8", "int4"]):
         candidate = _load(model, q, "cpu")
         rows += [acc.compare(reference, candidate, ids, path, name) for path in acc.PATHS]

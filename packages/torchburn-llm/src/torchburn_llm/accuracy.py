@@ -65,33 +65,44 @@ def compare(
     ``path``; the reference's in chunks, or given as logits [len(ids) - 1 or more, V] computed elsewhere."""
     if path not in PATHS:
         raise ValueError(f"path={path!r} is not one of {', '.join(PATHS)}")
-    if isinstance(reference, torch.Tensor) and reference.shape[0] < len(ids) - 1:
-        raise ValueError(f"reference logits cover {reference.shape[0]} positions, {len(ids) - 1} are compared")
-    ref_cache = None if isinstance(reference, torch.Tensor) else reference.model.new_cache(len(ids))
-    cand_cache = candidate.model.new_cache(len(ids))
-    agree, nll_ref, nll_cand, count = 0, 0.0, 0.0, 0
+    if isinstance(reference, torch.Tensor):
+        want = reference
+    else:
+        want = teacher_forced_logits(reference, ids, "prefill")
+    got = teacher_forced_logits(candidate, ids, path)
+    return compare_logits(want, got, ids, candidate.model.quant, path, reference_name)
+
+
+@torch.no_grad()
+def teacher_forced_logits(llm: LLM, ids: list[int], path: str) -> torch.Tensor:
+    """``llm``'s logits [len(ids) - 1, V] at every position of ``ids[:-1]``, each from its prefix, on
+    ``path``: ``CHUNK`` tokens per forward pass (prefill) or one (decode), over one KV cache."""
+    cache = llm.model.new_cache(len(ids))
+    rows = []
     for start in range(0, len(ids) - 1, CHUNK):
         chunk = torch.tensor(ids[start : min(start + CHUNK, len(ids) - 1)])
-        target = torch.tensor(ids[start + 1 : start + 1 + len(chunk)])
-        if isinstance(reference, torch.Tensor):
-            want = reference[start : start + len(chunk)]
-        else:
-            assert ref_cache is not None
-            want = reference.model.forward(chunk, ref_cache)  # [T, V]
         if path == "prefill":
-            got = candidate.model.forward(chunk, cand_cache)
+            rows.append(llm.model.forward(chunk, cache))
         else:
-            got = torch.cat([candidate.model.forward(chunk[i : i + 1], cand_cache) for i in range(len(chunk))])
-        agree += int((want.argmax(-1) == got.argmax(-1)).sum())
-        nll_ref += float(torch.nn.functional.cross_entropy(want, target, reduction="sum"))
-        nll_cand += float(torch.nn.functional.cross_entropy(got, target, reduction="sum"))
-        count += len(chunk)
+            rows += [llm.model.forward(chunk[i : i + 1], cache) for i in range(len(chunk))]
+    return torch.cat(rows)
+
+
+def compare_logits(
+    reference: torch.Tensor, got: torch.Tensor, ids: list[int], quant: str, path: str, reference_name: str
+) -> Agreement:
+    """Agreement of logits ``got`` [len(ids) - 1, V] with ``reference`` [len(ids) - 1 or more, V], both
+    teacher-forced over ``ids``, and each one's perplexity on ``ids[1:]``."""
+    count = len(ids) - 1
+    if reference.shape[0] < count:
+        raise ValueError(f"reference logits cover {reference.shape[0]} positions, {count} are compared")
+    if got.shape[0] != count:
+        raise ValueError(f"candidate logits cover {got.shape[0]} positions, {count} are compared")
+    want = reference[:count]
+    target = torch.tensor(ids[1:])
+    agree = int((want.argmax(-1) == got.argmax(-1)).sum())
+    nll_ref = float(torch.nn.functional.cross_entropy(want, target, reduction="sum"))
+    nll_cand = float(torch.nn.functional.cross_entropy(got, target, reduction="sum"))
     return Agreement(
-        candidate.model.quant,
-        path,
-        count,
-        agree / count,
-        math.exp(nll_cand / count),
-        math.exp(nll_ref / count),
-        reference_name,
+        quant, path, count, agree / count, math.exp(nll_cand / count), math.exp(nll_ref / count), reference_name
     )
