@@ -20,7 +20,7 @@ use half::f16;
 use torchburn_native_macros::isa_versions;
 
 use super::qprefill;
-use super::row_blocks::row_blocks;
+use super::row_blocks::par_rows_tokens;
 use crate::threads;
 
 /// A prefill tile of the AVX-512 kernel: rows of W by tokens.
@@ -462,7 +462,7 @@ impl QMatrix {
     /// Rows `rows` against each of several activation rows: `out[t · rows.len() + i]` is row
     /// `rows.start + i` times `acts[t]`, the value [`QMatrix::rows_into`] gives. Every token runs
     /// over the rows before the next block of them is read, so the caller keeps `rows` small enough
-    /// to stay in cache (see [`row_blocks`]).
+    /// to stay in cache (see [`crate::kernels::row_blocks`]).
     pub fn rows_tokens_into(&self, rows: std::ops::Range<usize>, acts: &[&QActs], out: &mut [f32]) {
         self.rows_tokens_with(rows, acts, out, Isa::best())
     }
@@ -532,25 +532,8 @@ impl QMatrix {
             .map(|t| quantize_acts(&x[t * k..(t + 1) * k], self.act_format()))
             .collect();
         let acts: Vec<&QActs> = acts.iter().collect();
-        let out_ptr = threads::SendPtr(out.as_mut_ptr());
-        threads::par_ranges(n, 16, |lo, hi| {
-            let mut block = Vec::new(); // [tokens, rows of the block]
-            for sub in row_blocks(lo..hi, self.row_bytes(), rows) {
-                let len = sub.len();
-                block.resize(rows * len, 0f32);
-                let got = &mut block[..rows * len];
-                self.rows_tokens_with(sub.clone(), &acts, got, isa);
-                for (t, values) in got.chunks_exact(len).enumerate() {
-                    // SAFETY: rows lo..hi of every token's output belong to this task alone
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            values.as_ptr(),
-                            out_ptr.get().add(t * n + sub.start),
-                            len,
-                        )
-                    };
-                }
-            }
+        par_rows_tokens(n, self.row_bytes(), rows, out, |sub, got| {
+            self.rows_tokens_with(sub, &acts, got, isa)
         });
     }
 }

@@ -10,6 +10,8 @@
 
 use std::ops::Range;
 
+use crate::threads;
+
 /// Bytes of weights per block: about L1's size (48 KiB on recent x86 cores, 32 KiB on older ones)
 /// with room for the tokens' activations, and far inside L2.
 pub const BLOCK_BYTES: usize = 16 << 10;
@@ -34,6 +36,39 @@ pub fn row_blocks(
     };
     let end = rows.end;
     rows.step_by(step).map(move |lo| lo..(lo + step).min(end))
+}
+
+/// `out[t·n + r]` for `tokens` tokens and the `n` rows of a matrix with rows of `row_bytes`: rows
+/// split between threads, each task walking its share in [`row_blocks`] and `rows_into(rows, got)`
+/// filling `got` `[tokens, rows.len()]` for one block, which is then copied into place.
+pub fn par_rows_tokens(
+    n: usize,
+    row_bytes: usize,
+    tokens: usize,
+    out: &mut [f32],
+    rows_into: impl Fn(Range<usize>, &mut [f32]) + Sync,
+) {
+    assert_eq!(out.len(), tokens * n, "output length");
+    let out_ptr = threads::SendPtr(out.as_mut_ptr());
+    threads::par_ranges(n, 16, |lo, hi| {
+        let mut block = Vec::new(); // [tokens, rows of the block]
+        for sub in row_blocks(lo..hi, row_bytes, tokens) {
+            let len = sub.len();
+            block.resize(tokens * len, 0f32);
+            let got = &mut block[..tokens * len];
+            rows_into(sub.clone(), got);
+            for (t, values) in got.chunks_exact(len).enumerate() {
+                // SAFETY: rows lo..hi of every token's output belong to this task alone
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        values.as_ptr(),
+                        out_ptr.get().add(t * n + sub.start),
+                        len,
+                    )
+                };
+            }
+        }
+    });
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -35,6 +35,7 @@ from .jobs import JobMaker
 from .limits import Limits
 from .protocol import ChatRequest, CompletionRequest, EmbeddingRequest, parse
 
+Made = TypeVar("Made")  # what a request's job is built with (the job and what its answer needs)
 log = logging.getLogger("torchburn.serve")
 STATIC = resources.files("torchburn_serve") / "static"
 # the page loads nothing from elsewhere and runs no inline script
@@ -135,13 +136,7 @@ def create_app(llm: LLM, model_id: str, limits: Limits | None = None, api_key: s
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         req: ChatRequest = parse(await request.body(), ChatRequest)
-        release = server.claim()
-        try:
-            made = await asyncio.to_thread(server.jobs.chat, req)
-            handle = server.submit(made.job)
-        except BaseException:
-            release()
-            raise
+        made, handle, release = await _submitted(server, lambda: server.jobs.chat(req), lambda m: m.job)
         answer = responses.Answer("chatcmpl", server.model_id)
         if req.stream:
             return StreamingResponse(
@@ -149,10 +144,7 @@ def create_app(llm: LLM, model_id: str, limits: Limits | None = None, api_key: s
                 media_type="text/event-stream",
                 headers=_SSE_HEADERS,
             )
-        try:
-            deltas = await _collect(handle, request)
-        finally:
-            release()
+        deltas = await _collect(handle, request, release)
         if deltas is None:
             return Response(status_code=CLIENT_CLOSED)
         text, logprobs, finish = _joined(deltas, answer)
@@ -173,13 +165,9 @@ def create_app(llm: LLM, model_id: str, limits: Limits | None = None, api_key: s
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         req: CompletionRequest = parse(await request.body(), CompletionRequest)
-        release = server.claim()
-        try:
-            job, prompt_text = await asyncio.to_thread(server.jobs.completion, req)
-            handle = server.submit(job)
-        except BaseException:
-            release()
-            raise
+        (_, prompt_text), handle, release = await _submitted(
+            server, lambda: server.jobs.completion(req), lambda made: made[0]
+        )
         answer = responses.Answer("cmpl", server.model_id)
         echo = prompt_text if req.echo else ""
         if req.stream:
@@ -188,10 +176,7 @@ def create_app(llm: LLM, model_id: str, limits: Limits | None = None, api_key: s
                 media_type="text/event-stream",
                 headers=_SSE_HEADERS,
             )
-        try:
-            deltas = await _collect(handle, request)
-        finally:
-            release()
+        deltas = await _collect(handle, request, release)
         if deltas is None:
             return Response(status_code=CLIENT_CLOSED)
         text, logprobs, finish = _joined(deltas, answer)
@@ -250,9 +235,25 @@ def _model_card(server: Server) -> dict[str, Any]:
     }
 
 
-async def _collect(handle: Handle, request: Request) -> list[Delta] | None:
-    """Every delta of ``handle`` up to its last; None where the client went away meanwhile, which
-    cancels the job (the body has been read, so the next message the connection delivers is its end)."""
+async def _submitted(
+    server: Server, make: Callable[[], Made], job_of: Callable[[Made], Job]
+) -> tuple[Made, Handle, Callable[[], None]]:
+    """A request's job built by ``make`` (off the event loop: templates and tokenizing take time) and
+    submitted under a claimed place among the concurrent requests; the place's ``release`` is for the
+    caller once the answer is out, and is called here if building or submitting fails."""
+    release = server.claim()
+    try:
+        made = await asyncio.to_thread(make)
+        return made, server.submit(job_of(made)), release
+    except BaseException:
+        release()
+        raise
+
+
+async def _collect(handle: Handle, request: Request, release: Callable[[], None]) -> list[Delta] | None:
+    """Every delta of ``handle`` up to its last, then ``release`` of the request's place; None where the
+    client went away meanwhile, which cancels the job (the body has been read, so the next message the
+    connection delivers is its end)."""
 
     async def watch() -> None:
         while (await request.receive())["type"] != "http.disconnect":
@@ -272,6 +273,7 @@ async def _collect(handle: Handle, request: Request) -> list[Delta] | None:
     finally:
         watcher.cancel()
         handle.cancel()
+        release()
 
 
 def _joined(deltas: list[Delta], answer: responses.Answer) -> tuple[str, list[Any], str]:

@@ -24,8 +24,7 @@ use std::ops::Range;
 
 pub use blocks::GgmlType;
 
-use super::row_blocks::row_blocks;
-use crate::threads;
+use super::row_blocks::par_rows_tokens;
 
 /// Bytes a matrix reads: its own, or memory lent by an owner (a mapped file) kept alive with them.
 pub struct WeightBytes {
@@ -211,7 +210,7 @@ impl GgmlMatrix {
     /// Rows `rows` against each of several activation rows: `out[t · rows.len() + i]` is row
     /// `rows.start + i` times token `t`, the value [`GgmlMatrix::rows_into`] gives. Every token runs
     /// over the rows before the caller's next block of them, which it keeps small enough to stay in
-    /// cache (see [`row_blocks`]); the 32-element types decode each block of weights once for all
+    /// cache (see [`crate::kernels::row_blocks`]); the 32-element types decode each block of weights once for all
     /// the tokens (`dot_tokens`).
     pub fn rows_tokens_into(&self, rows: Range<usize>, acts: &acts::TokenActs, out: &mut [f32]) {
         let len = rows.len();
@@ -253,25 +252,8 @@ impl GgmlMatrix {
             return super::qprefill::matmul_sources(&[self], x, tokens, &mut [out]);
         }
         let quantized = acts::TokenActs::quantize(acts::act_form(self.kind), x, tokens);
-        let out_ptr = threads::SendPtr(out.as_mut_ptr());
-        threads::par_ranges(n, 16, |lo, hi| {
-            let mut block = Vec::new(); // [tokens, rows of the block]
-            for sub in row_blocks(lo..hi, self.row_bytes(), tokens) {
-                let len = sub.len();
-                block.resize(tokens * len, 0f32);
-                let got = &mut block[..tokens * len];
-                self.rows_tokens_into(sub.clone(), &quantized, got);
-                for (t, values) in got.chunks_exact(len).enumerate() {
-                    // SAFETY: rows lo..hi of every token's output belong to this task alone
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            values.as_ptr(),
-                            out_ptr.get().add(t * n + sub.start),
-                            len,
-                        )
-                    };
-                }
-            }
+        par_rows_tokens(n, self.row_bytes(), tokens, out, |rows, got| {
+            self.rows_tokens_into(rows, &quantized, got)
         });
     }
 }
