@@ -92,8 +92,36 @@ def test_sampler_rules_against_hand_computation() -> None:
     # min_p 0.3: keep tokens with p >= 0.3 * 0.61 = 0.18: tokens 0 and 1
     draws = {Sampler(SamplingParams(temperature=1.0, min_p=0.3, seed=s))(logits, []) for s in range(200)}
     assert draws == {0, 1}
+    # top_p 0 keeps only the most likely token, even at temperature 1
+    assert {Sampler(SamplingParams(temperature=1.0, top_p=0.0, seed=s))(logits, []) for s in range(20)} == {0}
     with pytest.raises(ValueError, match="top_p must be in"):
-        SamplingParams(top_p=0.0)
+        SamplingParams(top_p=1.5)
+
+
+def test_openai_penalties_and_logit_bias_against_hand_computation() -> None:
+    logits = torch.tensor([2.0, 1.0, 0.5, -1.0, -3.0])
+    # a bias of +2.5 on token 3 lifts it to 1.5 (second); +4 to 3.0 (first); -100 on token 0 bans it
+    assert Sampler(SamplingParams(logit_bias=((3, 2.5),)))(logits, []) == 0
+    assert Sampler(SamplingParams(logit_bias=((3, 4.0),)))(logits, []) == 3
+    assert Sampler(SamplingParams(logit_bias=((0, -100.0),)))(logits, []) == 1
+    # frequency 0.4 per pick and presence 0.3 once picked, over this sampler's own picks only
+    sampler = Sampler(SamplingParams(frequency_penalty=0.4, presence_penalty=0.3))
+    picks = [sampler(logits, [1, 1, 1]) for _ in range(4)]
+    # token 0: 2.0, then 2.0 - 0.7 = 1.3 (still first), then 2.0 - 1.1 = 0.9 (< 1.0: token 1), then
+    # token 0 at 0.9 vs token 1 at 1.0 - 0.7 = 0.3: token 0
+    assert picks == [0, 0, 1, 0]
+    assert sampler.picked == {0: 3, 1: 1}
+    assert logits.tolist() == [2.0, 1.0, 0.5, -1.0, -3.0]  # the caller's logits are untouched
+    with pytest.raises(ValueError, match="outside the vocabulary of 5"):
+        Sampler(SamplingParams(logit_bias=((5, 1.0),)))(logits, [])
+    for bad, message in [
+        (dict(presence_penalty=2.5), "presence_penalty must be in"),
+        (dict(frequency_penalty=-3.0), "frequency_penalty must be in"),
+        (dict(logit_bias=((1, 101.0),)), "biases in"),
+        (dict(logit_bias=tuple((i, 1.0) for i in range(1025))), "at most 1024 tokens"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            SamplingParams(**bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("quant", ["bf16", "int8", "int4"])

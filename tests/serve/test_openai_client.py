@@ -80,6 +80,28 @@ def test_max_completion_tokens_and_stop(server: ServerProcess, llm: LLM) -> None
     assert cut.choices[0].finish_reason == "stop"
 
 
+def test_logit_bias_and_penalties_give_the_models_answer_under_them(server: ServerProcess, llm: LLM) -> None:
+    c = client(server)
+    plain = llm.chat_completion(QUESTION, max_new_tokens=24, temperature=0)
+    banned = {llm.encode(" Paris")[0]: -100, llm.encode("Paris")[0]: -100}
+    reply = c.chat.completions.create(
+        model="m", messages=QUESTION, max_tokens=24, temperature=0, logit_bias={str(k): v for k, v in banned.items()}
+    )
+    want = llm.chat_completion(QUESTION, max_new_tokens=24, temperature=0, logit_bias=banned)
+    assert reply.choices[0].message.content == want and want != plain
+    counting = [{"role": "user", "content": "List the numbers from one to twenty, separated by commas."}]
+    penalties = {"frequency_penalty": 1.5, "presence_penalty": 0.5}
+    reply = c.chat.completions.create(model="m", messages=counting, max_tokens=32, temperature=0, **penalties)
+    assert reply.choices[0].message.content == llm.chat_completion(
+        counting, max_new_tokens=32, temperature=0, **penalties
+    )
+    greedy = c.chat.completions.create(model="m", messages=QUESTION, max_tokens=24, temperature=0.7, top_p=0)
+    assert greedy.choices[0].message.content == plain  # top_p 0: only the most likely token
+    for bias, message in [({"Paris": 5}, "are token ids"), ({"4000000": 5}, "outside this model's vocabulary")]:
+        with pytest.raises(openai.BadRequestError, match=message):
+            c.chat.completions.create(model="m", messages=QUESTION, max_tokens=4, logit_bias=bias)  # type: ignore[arg-type]
+
+
 def test_seeded_sampling_repeats_and_differs_by_seed(server: ServerProcess) -> None:
     c = client(server)
     messages = [{"role": "user", "content": "Write a sentence about the sea."}]
@@ -290,7 +312,7 @@ def test_embeddings_agree_with_transformers_hidden_states(server: ServerProcess,
     [
         ({"temperature": 3.0}, "temperature"),
         ({"n": 2}, "n"),
-        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": 100_000}, "max_tokens"),
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),

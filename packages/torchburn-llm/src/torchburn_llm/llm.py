@@ -183,6 +183,9 @@ class LLM:
         min_p: float | None = None,
         repetition_penalty: float | None = None,
         seed: int | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        logit_bias: dict[int, float] | None = None,
     ) -> Iterator[str]:
         """Text pieces as they are decoded (whole characters; stop strings cut and never shown)."""
         params = self.defaults.updated(
@@ -192,6 +195,9 @@ class LLM:
             min_p=min_p,
             repetition_penalty=repetition_penalty,
             seed=seed,
+            presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty,
+            logit_bias=None if logit_bias is None else tuple(logit_bias.items()),
         )
         text = TextStream(self.tokenizer, stop)
         for token in self.generate_tokens(self.encode(prompt), max_new_tokens, params):

@@ -144,6 +144,10 @@ class JobMaker:
         stop = req.stop_strings()
         if len(stop) > self.limits.max_stop:
             raise bad_request(f"at most {self.limits.max_stop} stop strings", "stop")
+        biases = req.token_biases()
+        vocab = self.llm.config.vocab_size
+        if any(token >= vocab for token, _ in biases):
+            raise bad_request(f"logit_bias names a token id outside this model's vocabulary of {vocab}", "logit_bias")
         try:
             params = self.llm.defaults.updated(
                 temperature=req.temperature,
@@ -151,6 +155,9 @@ class JobMaker:
                 top_k=req.top_k,
                 min_p=req.min_p,
                 repetition_penalty=req.repetition_penalty or req.repeat_penalty,
+                presence_penalty=req.presence_penalty,
+                frequency_penalty=req.frequency_penalty,
+                logit_bias=biases or None,
                 seed=None if req.seed is None else req.seed & _SEED_BITS,
             )
         except ValueError as exc:

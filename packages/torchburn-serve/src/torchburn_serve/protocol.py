@@ -1,7 +1,6 @@
 """The OpenAI request bodies the server takes, validated: a wrong type or a value out of range is a
 400 naming the field. Fields clients send that change nothing here (``user``, ``store``,
-``metadata``, ``parallel_tool_calls``, ``presence_penalty``/``frequency_penalty``, ``logit_bias``) are
-accepted and ignored, as llama-server does."""
+``metadata``, ``parallel_tool_calls``) are accepted and ignored, as llama-server does."""
 
 from __future__ import annotations
 
@@ -29,13 +28,14 @@ class Sampling(_Body):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)  # 0: only the most likely token, as llama-server
     top_k: int | None = Field(None, ge=0)  # llama-server's extensions, as its clients send them
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
     repeat_penalty: float | None = Field(None, gt=0.0, le=10.0)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
     seed: int | None = None
     n: int = Field(1, ge=1)
     stop: str | list[str] | None = None
@@ -48,6 +48,19 @@ class Sampling(_Body):
         if n != 1:
             raise ValueError("only n=1 is supported (one choice per request)")
         return n
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _biases(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for key, value in (bias or {}).items():
+            if not key.isdigit() or len(key) > 9:
+                raise ValueError(f"keys are token ids; {key[:20]!r} is not one")
+            if not -100 <= value <= 100:
+                raise ValueError(f"token {key}'s bias {value} is outside [-100, 100]")
+        return bias
+
+    def token_biases(self) -> tuple[tuple[int, float], ...]:
+        return tuple((int(k), float(v)) for k, v in (self.logit_bias or {}).items())
 
     @field_validator("stop")
     @classmethod
