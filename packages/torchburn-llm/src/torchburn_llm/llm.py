@@ -23,7 +23,7 @@ from .loader import Progress, load_folder, load_gguf
 from .model import KVCache, Transformer
 from .sampling import Sampler, SamplingParams
 from .streaming import TextStream
-from .tokenizer import check_vocabulary
+from .tokenizer import begins_with, check_vocabulary
 from .tokenizer import from_folder as tokenizer_from_folder
 
 
@@ -71,6 +71,8 @@ class LLM:
         self.tokenizer, self.chat_template = tokenizer, template
         self.defaults = defaults or SamplingParams()
         self.eos_ids = tuple(eos_ids) or cfg.eos_token_ids
+        # what the tokenizer puts before a prompt (BOS where the model was trained with one)
+        self.prompt_start = begins_with(tokenizer)
         self._session: Session | None = None
 
     @classmethod
@@ -171,6 +173,15 @@ class LLM:
             ) from None
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
+    def prompt_ids(self, text: str) -> list[int]:
+        """``text`` as a prompt: its tokens after the BOS the model expects, unless the text (a
+        rendered chat template, say) already starts with it."""
+        ids = self.encode(text)
+        start = self.prompt_start
+        if start and ids[: len(start)] != start:
+            ids = start + ids
+        return ids
+
     def stream(
         self,
         prompt: str,
@@ -200,7 +211,7 @@ class LLM:
             logit_bias=None if logit_bias is None else tuple(logit_bias.items()),
         )
         text = TextStream(self.tokenizer, stop)
-        for token in self.generate_tokens(self.encode(prompt), max_new_tokens, params):
+        for token in self.generate_tokens(self.prompt_ids(prompt), max_new_tokens, params):
             piece = text.push(token)
             if piece:
                 yield piece

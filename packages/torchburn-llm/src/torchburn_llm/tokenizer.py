@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +11,7 @@ from . import files
 from .checks import shown
 from .errors import ModelLoadError
 
-CONTROL = 3  # GGUF token type of special (control) tokens
+log = logging.getLogger("torchburn.llm")
 
 
 def from_folder(folder: Path) -> Any:
@@ -37,42 +39,192 @@ def check_vocabulary(tokenizer: Any, vocab_size: int, source: str) -> None:
         )
 
 
+# GGUF token types (llama.cpp's llama_token_type)
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+SPACE = "\u2581"  # SentencePiece's visible space
+
+# byte-level BPE pretokenization by ``tokenizer.ggml.pre`` (llama.cpp's names for the published
+# splitting rules): a regular expression that splits the text before the bytes are mapped
+GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+# llama.cpp's rule for files that name none (or "default"): punctuation runs, then GPT-2's split, then
+# digit runs, then those in threes, each splitting the pieces the one before left
+DEFAULT_SPLITS = (r"[\p{P}\$\+<=>\^~\|]+", GPT2_SPLIT.removesuffix(r"|\s+"), r"\p{N}+", r"[0-9][0-9][0-9]")
+PRETOKENIZERS = {
+    "default": "default",
+    "gpt-2": "gpt2",
+    "gpt2": "gpt2",
+    "phi-2": "gpt2",
+    "llama-bpe": "llama3",
+    "llama3": "llama3",
+    "smaug-bpe": "llama3",
+    "qwen2": "qwen2",
+    "deepseek-r1-qwen": "qwen2",
+    "smollm": "digits",
+    "starcoder": "digits",
+    "refact": "digits",
+}
+
+
 def from_gguf(fields: dict[str, Any], source: str) -> Any:
-    """A ``tokenizers`` tokenizer from GGUF metadata (``tokenizer.ggml.*``, as plain values); GPT-2-style
-    BPE only."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    def strings(key: str) -> list[str]:
-        values = fields.get(key)
-        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-            raise ModelLoadError(f"{source}: no list of strings {key} in the GGUF metadata")
-        return values
-
+    """A ``tokenizers`` tokenizer from GGUF metadata (``tokenizer.ggml.*``, as plain values): byte-level
+    BPE (``gpt2``: Llama 3, Qwen, SmolLM...) or SentencePiece BPE (``llama``: Llama 2, Mistral, Gemma,
+    Phi-3), splitting and spacing text as llama.cpp does for the file."""
     kind = fields.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ModelLoadError(f"{source}: GGUF tokenizer model {shown(kind)} is not supported (supported: gpt2)")
-    tokens = strings("tokenizer.ggml.tokens")
-    merges: list[tuple[str, str]] = []
-    for m in strings("tokenizer.ggml.merges"):
-        left, _, right = m.partition(" ")
-        merges.append((left, right))
+    if kind == "gpt2":
+        tok = _byte_level_bpe(fields, source)
+    elif kind == "llama":
+        tok = _sentencepiece_bpe(fields, source)
+    else:
+        raise ModelLoadError(
+            f"{source}: GGUF tokenizer model {shown(kind)} is not supported "
+            "(supported: gpt2 = byte-level BPE, llama = SentencePiece BPE)"
+        )
+    _begin_with_bos(tok, fields, default=kind == "llama")
+    return tok
+
+
+def _begin_with_bos(tok: Any, fields: dict[str, Any], default: bool) -> None:
+    """Where the file asks for it (``add_bos_token``; llama.cpp's default: on for SentencePiece
+    vocabularies), the tokenizer's post-processor puts BOS before a prompt, as a Hugging Face tokenizer
+    of the same model does (see ``begins_with``)."""
+    from tokenizers import processors
+
+    wanted = fields.get("tokenizer.ggml.add_bos_token", default)
+    bos = fields.get("tokenizer.ggml.bos_token_id")
+    tokens = fields["tokenizer.ggml.tokens"]
+    if wanted is not True or not isinstance(bos, int) or isinstance(bos, bool) or not 0 <= bos < len(tokens):
+        return
+    token = tokens[bos]
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{token}:0 $A:0", pair=f"{token}:0 $A:0 $B:1", special_tokens=[(token, bos)]
+    )
+
+
+def begins_with(tokenizer: Any) -> list[int]:
+    """The ids a tokenizer puts before every prompt (BOS for Llama and Gemma, nothing for Qwen or
+    SmolLM2): what it gives for an empty text with its special tokens on."""
+    if tokenizer is None:
+        return []
+    return list(tokenizer.encode("", add_special_tokens=True).ids)
+
+
+def _strings(fields: dict[str, Any], key: str, source: str) -> list[str]:
+    values = fields.get(key)
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise ModelLoadError(f"{source}: no list of strings {key} in the GGUF metadata")
+    return values
+
+
+def _token_types(fields: dict[str, Any], count: int, source: str) -> list[int]:
     types = fields.get("tokenizer.ggml.token_type", [])
     if (
         not isinstance(types, list)
-        or len(types) not in (0, len(tokens))
+        or len(types) not in (0, count)
         or not all(isinstance(t, int) and not isinstance(t, bool) for t in types)
     ):
-        raise ModelLoadError(
-            f"{source}: tokenizer.ggml.token_type must be a list of {len(tokens)} integers, one per token"
-        )
+        raise ModelLoadError(f"{source}: tokenizer.ggml.token_type must be a list of {count} integers, one per token")
+    return types
+
+
+def _byte_level_bpe(fields: dict[str, Any], source: str) -> Any:
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    tokens = _strings(fields, "tokenizer.ggml.tokens", source)
+    merges: list[tuple[str, str]] = []
+    for m in _strings(fields, "tokenizer.ggml.merges", source):
+        left, _, right = m.partition(" ")
+        merges.append((left, right))
+    types = _token_types(fields, len(tokens), source)
     try:
         tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
     except Exception as exc:  # a merge of tokens outside the vocabulary, and the like
         raise ModelLoadError(f"{source}: the GGUF tokenizer cannot be built: {exc}") from exc
-    # digits one by one, then GPT-2's byte-level split (the pretokenization these BPE vocabularies use)
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
+    pre = fields.get("tokenizer.ggml.pre", "default")
+    rule = PRETOKENIZERS.get(pre) if isinstance(pre, str) else None
+    if rule is None:
+        log.warning(
+            "%s: pretokenizer %s is not known here; splitting text as llama.cpp's default does (known: %s)",
+            source,
+            shown(pre),
+            ", ".join(sorted(PRETOKENIZERS)),
+        )
+        rule = "default"
+    splits = {"llama3": (LLAMA3_SPLIT,), "qwen2": (QWEN2_SPLIT,), "default": DEFAULT_SPLITS}.get(rule)
+    if splits is not None:
+        steps = [pre_tokenizers.Split(Regex(r), "isolated") for r in splits]
+        tok.pre_tokenizer = pre_tokenizers.Sequence([*steps, pre_tokenizers.ByteLevel(False, use_regex=False)])
+    elif rule == "digits":
+        # digits one by one, then GPT-2's byte-level split
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        )
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(tokens[i], special=True) for i, t in enumerate(types) if t == CONTROL])
     return tok
+
+
+def _sentencepiece_bpe(fields: dict[str, Any], source: str) -> Any:
+    """SentencePiece BPE as llama.cpp runs it: spaces as ``▁``, one more before the text (and after
+    each special token) where ``add_space_prefix`` (default on), pieces merged pairwise in the order
+    of the merged piece's score, and characters no piece covers as their UTF-8 byte tokens."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+
+    tokens = _strings(fields, "tokenizer.ggml.tokens", source)
+    scores = fields.get("tokenizer.ggml.scores")
+    if (
+        not isinstance(scores, list)
+        or len(scores) != len(tokens)
+        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in scores)
+    ):
+        raise ModelLoadError(f"{source}: tokenizer.ggml.scores must be {len(tokens)} finite numbers, one per token")
+    types = _token_types(fields, len(tokens), source) or [NORMAL] * len(tokens)
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if len(vocab) != len(tokens):
+        raise ModelLoadError(f"{source}: tokenizer.ggml.tokens lists a token twice")
+    unk = fields.get("tokenizer.ggml.unknown_token_id", next((i for i, t in enumerate(types) if t == UNKNOWN), None))
+    unk_token = tokens[unk] if isinstance(unk, int) and not isinstance(unk, bool) and 0 <= unk < len(tokens) else None
+    try:
+        model = models.BPE(
+            vocab=vocab,
+            merges=_merges_by_score(tokens, scores, types),
+            unk_token=unk_token,
+            fuse_unk=True,
+            byte_fallback=True,
+        )
+        tok = Tokenizer(model)
+    except Exception as exc:
+        raise ModelLoadError(f"{source}: the GGUF tokenizer cannot be built: {exc}") from exc
+    prefix = fields.get("tokenizer.ggml.add_space_prefix", True)
+    spacing: list[Any] = [normalizers.Replace(" ", SPACE)]
+    shown_back: list[Any] = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if prefix is True:
+        spacing.insert(0, normalizers.Prepend(SPACE))
+        shown_back.append(decoders.Strip(" ", 1, 0))
+    tok.normalizer = normalizers.Sequence(spacing)
+    tok.decoder = decoders.Sequence(shown_back)
+    tok.add_special_tokens([AddedToken(tokens[i], special=True) for i, t in enumerate(types) if t == CONTROL])
+    tok.add_tokens([AddedToken(tokens[i], normalized=False) for i, t in enumerate(types) if t == USER_DEFINED])
+    return tok
+
+
+def _merges_by_score(tokens: list[str], scores: list[float], types: list[int]) -> list[tuple[str, str]]:
+    """BPE merges equivalent to SentencePiece's scoring: every split of a piece into two pieces of the
+    vocabulary is a merge, ranked by the score of the piece it makes (highest first; for one piece,
+    splits with lower token ids first)."""
+    ids = {t: i for i, t in enumerate(tokens) if types[i] in (NORMAL, USER_DEFINED)}
+    ranked: list[tuple[float, int, int, str, str]] = []
+    for piece, i in ids.items():
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            a, b = ids.get(left), ids.get(right)
+            if a is not None and b is not None:
+                ranked.append((-scores[i], a, b, left, right))
+    ranked.sort()
+    return [(left, right) for _, _, _, left, right in ranked]

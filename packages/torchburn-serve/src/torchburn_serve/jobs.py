@@ -102,7 +102,7 @@ class JobMaker:
 
     def _encode(self, text: str, param: str) -> list[int]:
         try:
-            ids = self.llm.encode(text)
+            ids = self.llm.prompt_ids(text)  # after the BOS the model expects
         except ValueError as exc:
             raise bad_request(str(exc), param) from None
         if not ids:
