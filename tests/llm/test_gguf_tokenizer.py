@@ -42,7 +42,7 @@ def _trained(space_prefix: bool) -> spm.SentencePieceProcessor:
         normalization_rule_name="identity",
         remove_extra_whitespaces=False,
         add_dummy_prefix=space_prefix,
-        control_symbols=["<|turn|>"],
+        control_symbols=["<|turn|>", "<end_of_turn>"],
         minloglevel=2,
     )
     return spm.SentencePieceProcessor(model_proto=model.getvalue())
@@ -123,6 +123,11 @@ def test_byte_level_vocabularies_split_by_their_named_rule(pre: str) -> None:
     assert tok.decode(tok.encode(text, add_special_tokens=False).ids) == text
 
 
+def test_the_shipped_file_ends_answers_at_its_turn_end_and_its_text_end(smollm2: LLM) -> None:
+    tokens = GGUFHeader(default_model_path()).fields["tokenizer.ggml.tokens"]
+    assert [tokens[i] for i in smollm2.eos_ids] == ["<|im_end|>", "<|endoftext|>"]
+
+
 def test_an_unknown_pretokenizer_loads_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     fields = GGUFHeader(default_model_path()).fields
     tok = tk.from_gguf({**fields, "tokenizer.ggml.pre": "brand-new"}, "test.gguf")
@@ -175,6 +180,8 @@ def test_a_sentencepiece_gguf_model_prompts_with_bos(tmp_path: Path) -> None:
     writer.write_tensors_to_file()
     writer.close()
     llm = LLM.from_pretrained(path)
+    # generation ends at the file's EOS and at the token that ends a turn in Gemma's template
+    assert llm.eos_ids == (sp.eos_id(), sp.piece_to_id("<end_of_turn>"))
     bos = sp.bos_id()
     assert llm.encode("Hello world") == sp.encode("Hello world")
     assert llm.prompt_ids("Hello world") == [bos, *sp.encode("Hello world")]

@@ -82,6 +82,21 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str:
     return gguf_name  # unknown: the strict check names it
 
 
+# token texts that end a turn in the chat templates of the families in use (llama.cpp stops on the same)
+TURN_ENDS = frozenset(
+    {
+        "<|eot_id|>",  # Llama 3
+        "<|eom_id|>",  # Llama 3.1 tool calls
+        "<|im_end|>",  # ChatML: Qwen, SmolLM
+        "<|end|>",  # Phi-3
+        "<end_of_turn>",  # Gemma
+        "<|endoftext|>",
+        "<|end_of_text|>",
+        "<EOT>",
+    }
+)
+
+
 class GGUFCheckpoint:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -213,9 +228,7 @@ class GGUFCheckpoint:
             bos_token_id=token_id(
                 self.field("tokenizer.ggml.bos_token_id"), "tokenizer.ggml.bos_token_id", source, vocab
             ),
-            eos_token_ids=token_ids(
-                self.field("tokenizer.ggml.eos_token_id"), "tokenizer.ggml.eos_token_id", source, vocab
-            ),
+            eos_token_ids=self._end_of_generation(source, vocab),
             sliding_window=whole(window, window_key, source, high=MAX_POSITIONS) if window else None,
             activation="gelu_tanh" if a.startswith("gemma") else "silu",
             attn_scale=attn_scale,
@@ -225,6 +238,20 @@ class GGUFCheckpoint:
             local_rope_theta=10000.0 if a == "gemma3" else None,
             rotary_dim=rotary_dim,
         )
+
+    def _end_of_generation(self, source: str, vocab: int) -> tuple[int, ...]:
+        """The tokens that end an answer, as llama.cpp collects them: the file's EOS, end-of-turn and
+        end-of-message ids, and the tokens that chat templates use to end a turn, found by their text
+        (files often name only the base model's EOS: Gemma's ``<end_of_turn>`` or Llama 3's
+        ``<|eot_id|>`` would otherwise run on into the next turn)."""
+        ids: list[int] = []
+        for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
+            name = f"tokenizer.ggml.{key}"
+            ids += token_ids(self.field(name), name, source, vocab)
+        tokens = self.field("tokenizer.ggml.tokens")
+        if isinstance(tokens, list):
+            ids += [i for i, t in enumerate(tokens) if t in TURN_ENDS and i < vocab]
+        return tuple(dict.fromkeys(ids))
 
     def _longrope(self, dim: int) -> RopeScaling:
         """Phi-3's longrope factors, stored as two f32 tensors of one factor per rotary pair."""
