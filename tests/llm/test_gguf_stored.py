@@ -6,6 +6,7 @@ shipped file."""
 from __future__ import annotations
 
 import itertools
+import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,21 @@ HEAD_DIM = HIDDEN // 8
 # per family: the transformers config class, the GGUF architecture, the config's own settings
 GGUF_FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "llama": ("LlamaConfig", "llama", {}),
+    # Llama 3.1's rescaled rotary rates, which llama.cpp's converter stores as a rope_freqs tensor; a
+    # short original context so that most of the tiny model's rates are rescaled
+    "llama3.1": (
+        "LlamaConfig",
+        "llama",
+        {
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            }
+        },
+    ),
     "qwen2": ("Qwen2Config", "qwen2", {"tie_word_embeddings": True}),
     # llama.cpp fixes Gemma 2's layers as windowed, global; its query scale as the head size's
     "gemma2": (
@@ -96,6 +112,27 @@ GGUF_PARTS["gemma3"] = {
     "self_attn.q_norm.weight": "attn_q_norm.weight",
     "self_attn.k_norm.weight": "attn_k_norm.weight",
 }
+
+
+def _llama3_rate_divisors(scaling: dict[str, Any], base: float) -> np.ndarray:
+    """What llama.cpp's converter writes for Llama 3.1: per rotary pair, the number its rate is divided
+    by. Rates turning faster than the original context over high_freq_factor keep theirs, slower than
+    it over low_freq_factor are divided by the factor, and those between blend the two."""
+    low_wavelength = scaling["original_max_position_embeddings"] / scaling["low_freq_factor"]
+    high_wavelength = scaling["original_max_position_embeddings"] / scaling["high_freq_factor"]
+    divisors = []
+    for i in range(0, HEAD_DIM, 2):
+        wavelength = 2 * math.pi * base ** (i / HEAD_DIM)
+        if wavelength < high_wavelength:
+            divisors.append(1.0)
+        elif wavelength > low_wavelength:
+            divisors.append(scaling["factor"])
+        else:
+            smooth = (scaling["original_max_position_embeddings"] / wavelength - scaling["low_freq_factor"]) / (
+                scaling["high_freq_factor"] - scaling["low_freq_factor"]
+            )
+            divisors.append(1 / ((1 - smooth) / scaling["factor"] + smooth))
+    return np.array(divisors, dtype=np.float32)
 
 
 def _tiny_gguf(tmp_path: Path, family: str, types: list[str]) -> tuple[Any, Path]:
@@ -157,6 +194,8 @@ def _tiny_gguf(tmp_path: Path, family: str, types: list[str]) -> tuple[Any, Path
     if "attn_logit_softcapping" in settings:
         writer.add_attn_logit_softcapping(settings["attn_logit_softcapping"])
         writer.add_final_logit_softcapping(settings["final_logit_softcapping"])
+    if "rope_scaling" in settings:
+        writer.add_tensor("rope_freqs.weight", _llama3_rate_divisors(settings["rope_scaling"], 10000.0))
     writer.add_tokenizer_model("gpt2")
     letters = ["t", *"0123456789"]
     writer.add_token_list(letters + [f"t{i}" for i in range(VOCAB - len(letters))])
@@ -291,9 +330,10 @@ def test_a_folder_refuses_stored(tmp_path: Path) -> None:
         LLM.from_pretrained(folder, quant="stored")
 
 
-@pytest.mark.parametrize("family", ["gemma2", "phi3"])
+@pytest.mark.parametrize("family", ["gemma2", "phi3", "llama3.1"])
 def test_converted_quants_of_other_families_read_their_layout(tmp_path: Path, family: str) -> None:
-    # the dequantizing path: Gemma's stored norm sums and Phi-3's fused matrices, split after loading
+    # the dequantizing path: Gemma's stored norm sums, Phi-3's fused matrices split after loading, and
+    # Llama 3.1's stored rotary rate divisors
     reference, path = _tiny_gguf(tmp_path, family, ["F32"])
     model = LLM.from_pretrained(path, quant="fp32").model
     ids = torch.randint(3, VOCAB, (12,), generator=torch.Generator().manual_seed(4))

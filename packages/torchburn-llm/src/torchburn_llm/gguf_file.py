@@ -109,10 +109,11 @@ class GGUFCheckpoint:
             )
         self.arch = str(arch)
         self._tensors: dict[str, TensorInfo] = {}
-        # Phi-3's longrope factors: read into the config, not weights of the forward pass
+        # Phi-3's longrope factors and Llama 3.1's rescaled frequencies: read into the config, not
+        # weights of the forward pass
         self._rope_factors: dict[str, TensorInfo] = {}
         for t in self.header.tensors:
-            if t.name in ("rope_factors_long.weight", "rope_factors_short.weight"):
+            if t.name in ("rope_factors_long.weight", "rope_factors_short.weight", "rope_freqs.weight"):
                 self._rope_factors[t.name] = t
                 continue
             name = hf_name(t.name, self.arch)
@@ -180,7 +181,9 @@ class GGUFCheckpoint:
             rotary_dim = None if rotary_dim == head_dim else rotary_dim
         kind = self.field(f"{a}.rope.scaling.type", "none")
         scaling = RopeScaling()
-        if self._rope_factors:
+        if "rope_freqs.weight" in self._rope_factors:
+            scaling = self._frequency_factors(rotary_dim or head_dim)
+        elif self._rope_factors:
             scaling = self._longrope(rotary_dim or head_dim)
         elif kind == "linear":
             factor_key = f"{a}.rope.scaling.factor"
@@ -253,19 +256,29 @@ class GGUFCheckpoint:
             ids += [i for i, t in enumerate(tokens) if t in TURN_ENDS and i < vocab]
         return tuple(dict.fromkeys(ids))
 
+    def _factors(self, name: str, dim: int, required: str) -> tuple[float, ...]:
+        """An f32 tensor of one positive factor per rotary pair."""
+        source = str(self.path)
+        t = self._rope_factors.get(name)
+        if t is None or list(t.dims) != [dim // 2] or t.type != 0:  # F32
+            raise ModelLoadError(f"{source}: {name} must be an f32 vector of {dim // 2} factors{required}")
+        values = self.header.tensor_bytes(t, dim // 2 * 4, 1).view(np.float32).reshape(-1)
+        return tuple(real(float(v), name.removesuffix(".weight"), source, 0.0) for v in values)
+
+    def _frequency_factors(self, dim: int) -> RopeScaling:
+        """Llama 3.1's rescaled rotary frequencies, which llama.cpp's converter stores precomputed as
+        ``rope_freqs``: each pair's rate divided by its factor at every position. That is longrope's
+        arithmetic with one set of factors for short and long contexts alike."""
+        factors = self._factors("rope_freqs.weight", dim, "")
+        return RopeScaling("longrope", short_factor=factors, long_factor=factors, original_max_position=MAX_POSITIONS)
+
     def _longrope(self, dim: int) -> RopeScaling:
         """Phi-3's longrope factors, stored as two f32 tensors of one factor per rotary pair."""
         a, source = self.arch, str(self.path)
-        factors: dict[str, tuple[float, ...]] = {}
-        for which in ("long", "short"):
-            t = self._rope_factors.get(f"rope_factors_{which}.weight")
-            if t is None or list(t.dims) != [dim // 2] or t.type != 0:  # F32
-                raise ModelLoadError(
-                    f"{source}: rope_factors_{which}.weight must be an f32 vector of {dim // 2} factors (both "
-                    "long and short present)"
-                )
-            values = self.header.tensor_bytes(t, dim // 2 * 4, 1).view(np.float32).reshape(-1)
-            factors[which] = tuple(real(float(v), f"rope_factors_{which}", source) for v in values)
+        factors = {
+            which: self._factors(f"rope_factors_{which}.weight", dim, " (both long and short present)")
+            for which in ("long", "short")
+        }
         original_key = f"{a}.rope.scaling.original_context_length"
         original = whole(self.field(original_key, 4096), original_key, source, high=MAX_POSITIONS)
         context = whole(self.field(f"{a}.context_length", original), f"{a}.context_length", source, high=MAX_POSITIONS)
