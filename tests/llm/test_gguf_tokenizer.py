@@ -102,7 +102,8 @@ def test_bad_sentencepiece_vocabularies_are_refused() -> None:
             tk.from_gguf({**fields, **change}, "test.gguf")
 
 
-# splits worked out by hand from each rule: Llama 3 takes digits in threes and contractions whole; Qwen2
+# splits worked out by hand from each rule (and each checked against llama.cpp's tokenizer on a page of
+# text while this was written): Llama 3 takes digits in threes and contractions whole; Qwen2
 # digits one by one; GPT-2 digit runs whole, after an optional space; llama.cpp's default first isolates
 # punctuation ("'"), then digit runs, then threes; SmolLM2 digits one by one before GPT-2's rule
 SPLITS = {
@@ -111,6 +112,9 @@ SPLITS = {
     "gpt-2": ["they", "'ll", "Ġ12345"],
     "default": ["they", "'", "ll", "Ġ", "123", "45"],
     "smollm": ["they", "'ll", "Ġ", "1", "2", "3", "4", "5"],
+    # Tekken and GPT-4o also split words where lower case turns to upper; GPT-4o keeps contractions on
+    "tekken": ["they", "'ll", "Ġ", "1", "2", "3", "4", "5"],
+    "gpt-4o": ["they'll", "Ġ", "123", "45"],
 }
 
 
@@ -119,6 +123,8 @@ def test_byte_level_vocabularies_split_by_their_named_rule(pre: str) -> None:
     fields = GGUFHeader(default_model_path()).fields
     tok = tk.from_gguf({**fields, "tokenizer.ggml.pre": pre}, "test.gguf")
     assert [piece for piece, _ in tok.pre_tokenizer.pre_tokenize_str("they'll 12345")] == SPLITS[pre]
+    camel = [piece for piece, _ in tok.pre_tokenizer.pre_tokenize_str("camelCase")]
+    assert camel == (["camel", "Case"] if pre in ("tekken", "gpt-4o") else ["camelCase"])
     text = "Llama 3 and Qwen2 split 2025 differently"
     assert tok.decode(tok.encode(text, add_special_tokens=False).ids) == text
 

@@ -51,6 +51,17 @@ LLAMA3_SPLIT = (
     r"|\s+(?!\S)|\s+"
 )
 QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+# Mistral's Tekken (Nemo, Small 3) and GPT-4o's (Phi-4-mini): words split at case changes
+_UPPER, _LOWER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+TEKKEN_SPLIT = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*|\p{{N}}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_CONTRACTION = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+GPT4O_SPLIT = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CONTRACTION}|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CONTRACTION}"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # llama.cpp's rule for files that name none (or "default"): punctuation runs, then GPT-2's split, then
 # digit runs, then those in threes, each splitting the pieces the one before left
 DEFAULT_SPLITS = (r"[\p{P}\$\+<=>\^~\|]+", GPT2_SPLIT.removesuffix(r"|\s+"), r"\p{N}+", r"[0-9][0-9][0-9]")
@@ -65,6 +76,8 @@ PRETOKENIZERS = {
     "qwen2": "qwen2",
     "deepseek-r1-qwen": "qwen2",
     "smollm": "digits",
+    "tekken": "tekken",
+    "gpt-4o": "gpt4o",
     "starcoder": "digits",
     "refact": "digits",
 }
@@ -154,7 +167,13 @@ def _byte_level_bpe(fields: dict[str, Any], source: str) -> Any:
             ", ".join(sorted(PRETOKENIZERS)),
         )
         rule = "default"
-    splits = {"llama3": (LLAMA3_SPLIT,), "qwen2": (QWEN2_SPLIT,), "default": DEFAULT_SPLITS}.get(rule)
+    splits = {
+        "llama3": (LLAMA3_SPLIT,),
+        "qwen2": (QWEN2_SPLIT,),
+        "tekken": (TEKKEN_SPLIT,),
+        "gpt4o": (GPT4O_SPLIT,),
+        "default": DEFAULT_SPLITS,
+    }.get(rule)
     if splits is not None:
         steps = [pre_tokenizers.Split(Regex(r), "isolated") for r in splits]
         tok.pre_tokenizer = pre_tokenizers.Sequence([*steps, pre_tokenizers.ByteLevel(False, use_regex=False)])
