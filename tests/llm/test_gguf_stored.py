@@ -17,7 +17,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, quants
 from torchburn_native import ggml
 
-from torchburn_llm import LLM
+from torchburn_llm import LLM, ModelLoadError, memory
 from torchburn_llm.gguf_file import _unpermute_rows
 
 transformers = pytest.importorskip("transformers")
@@ -298,6 +298,28 @@ def test_types_not_computed_as_stored_run_dequantized_with_a_warning(tmp_path: P
         want = reference(ids[None]).logits[0]
     got = llm.model.forward(ids, llm.model.new_cache(16))
     assert float((got - want).abs().max()) <= 0.05 * float(want.abs().max())
+
+
+def test_a_dequantization_larger_than_free_memory_is_refused_before_it_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, path = _tiny_gguf(tmp_path, "qwen2", ["Q4_K", "Q2_K"])
+    monkeypatch.setattr(memory, "available_bytes", lambda: 10_000)  # a machine with 10 kB to spare
+    with pytest.warns(UserWarning), pytest.raises(ModelLoadError, match=r"dequantizing \d+ tensors to fp32 needs"):
+        LLM.from_pretrained(path)
+    with pytest.raises(ModelLoadError, match="use a file whose matrices are of types computed in as stored"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            LLM.from_pretrained(path)
+    with pytest.raises(ModelLoadError, match=r"quant='stored' .* keeps its matrices as stored"):
+        LLM.from_pretrained(path, quant="fp32")
+
+
+def test_free_memory_is_read_from_the_system() -> None:
+    import psutil
+
+    got, want = memory.available_bytes(), psutil.virtual_memory().available
+    assert got is not None and abs(got - want) <= 0.1 * want
 
 
 def test_the_shipped_file_runs_as_stored_and_tracks_fp32(smollm2_path: Path, smollm2: LLM) -> None:

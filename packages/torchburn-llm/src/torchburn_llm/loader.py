@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -62,7 +63,7 @@ def load_gguf(
     int4, Q4_1 projections stay as stored)."""
     from torchburn_native.ggml import TYPES as STORED_TYPES
 
-    from . import tokenizer
+    from . import memory, tokenizer
 
     path = Path(path)
     if not path.is_file():
@@ -110,6 +111,15 @@ def load_gguf(
                     packed[name] = weights
     done.update(packed)
     rest = [n for n in checkpoint.shapes if n not in done]
+    if quant == STORED:
+        remedy = f"use a file whose matrices are of types computed in as stored ({', '.join(STORED_TYPES)})"
+    else:
+        remedy = "quant='stored' (the default for a GGUF file) keeps its matrices as stored, without an fp32 copy"
+    memory.check_room(
+        sum(4 * math.prod(checkpoint.shapes[n]) for n in rest),
+        f"{path}: dequantizing {len(rest)} tensors to fp32",
+        remedy,
+    )
     tensors = arch.split_fused(cfg, checkpoint.load(rest, progress=None if quant == STORED else progress))
     model = Transformer(arch, cfg, tensors, quant, packed)
     return arch, cfg, model, (tok, template)
