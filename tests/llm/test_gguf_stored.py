@@ -315,6 +315,20 @@ def test_a_dequantization_larger_than_free_memory_is_refused_before_it_starts(
         LLM.from_pretrained(path, quant="fp32")
 
 
+def test_a_folder_larger_than_free_memory_is_refused_before_it_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reference, _ = _tiny_gguf(tmp_path, "qwen2", ["F32"])
+    folder = tmp_path / "hf"
+    reference.save_pretrained(folder, safe_serialization=True)
+    fp32_bytes = 4 * sum(w.numel() for n, w in reference.state_dict().items() if n != "lm_head.weight")
+    monkeypatch.setattr(memory, "available_bytes", lambda: fp32_bytes - 1)
+    with pytest.raises(ModelLoadError, match=r"reading \d+ tensors as fp32 needs"):
+        LLM.from_pretrained(folder)
+    monkeypatch.setattr(memory, "available_bytes", lambda: fp32_bytes)
+    assert LLM.from_pretrained(folder).config.hidden_size == HIDDEN
+
+
 def test_free_memory_is_read_from_the_system() -> None:
     import psutil
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import files
+from . import files, memory
 from .architectures import Architecture, architecture_for
 from .config import ModelConfig
 from .errors import ModelLoadError
@@ -48,6 +48,12 @@ def load_folder(
     checkpoint = SafetensorsCheckpoint(folder)
     arch.check(cfg, checkpoint.shapes, str(folder))
     names = [n for n in checkpoint.shapes if n in arch.tensors(cfg) or n == "lm_head.weight"]
+    # every tensor is read as fp32 before the weights are converted
+    memory.check_room(
+        sum(4 * math.prod(checkpoint.shapes[n]) for n in names),
+        f"{folder}: reading {len(names)} tensors as fp32",
+        "a GGUF file of the model runs in its stored types without an fp32 copy",
+    )
     tensors = arch.shift_norms(arch.split_fused(cfg, checkpoint.load(names, progress=progress)))
     return arch, cfg, Transformer(arch, cfg, tensors, quant or default_folder_quant(cfg))
 
@@ -63,7 +69,7 @@ def load_gguf(
     int4, Q4_1 projections stay as stored)."""
     from torchburn_native.ggml import TYPES as STORED_TYPES
 
-    from . import memory, tokenizer
+    from . import tokenizer
 
     path = Path(path)
     if not path.is_file():
