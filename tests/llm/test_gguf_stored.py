@@ -321,12 +321,47 @@ def test_a_folder_larger_than_free_memory_is_refused_before_it_is_read(
     reference, _ = _tiny_gguf(tmp_path, "qwen2", ["F32"])
     folder = tmp_path / "hf"
     reference.save_pretrained(folder, safe_serialization=True)
-    fp32_bytes = 4 * sum(w.numel() for n, w in reference.state_dict().items() if n != "lm_head.weight")
-    monkeypatch.setattr(memory, "available_bytes", lambda: fp32_bytes - 1)
-    with pytest.raises(ModelLoadError, match=r"reading \d+ tensors as fp32 needs"):
-        LLM.from_pretrained(folder)
-    monkeypatch.setattr(memory, "available_bytes", lambda: fp32_bytes)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 10_000)
+    for quant in ("fp32", "int4"):
+        with pytest.raises(ModelLoadError, match=rf"holding its \d+ tensors in {quant} needs"):
+            LLM.from_pretrained(folder, quant=quant)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 1 << 30)
     assert LLM.from_pretrained(folder).config.hidden_size == HIDDEN
+
+
+def test_a_folder_is_converted_one_tensor_at_a_time(tmp_path: Path) -> None:
+    from torchburn_llm import loader
+    from torchburn_llm.architectures import architecture_for
+    from torchburn_llm.config import ModelConfig
+    from torchburn_llm.model import Transformer
+    from torchburn_llm.weights import SafetensorsCheckpoint
+
+    reference, _ = _tiny_gguf(tmp_path, "phi3", ["F32"])  # fused matrices, read under their parts' names
+    folder = tmp_path / "hf"
+    reference.save_pretrained(folder, safe_serialization=True)
+    cfg = ModelConfig.from_dict(reference.config.to_dict())
+    arch = architecture_for(cfg.model_type)
+    checkpoint = SafetensorsCheckpoint(folder)
+    names = [n for n in checkpoint.shapes if n in arch.tensors(cfg) or n == "lm_head.weight"]
+    reads: list[str] = []
+    lazy = loader._lazy_tensors(arch, cfg, checkpoint, names, None)
+    original = lazy._read
+    lazy._read = lambda name: reads.append(name) or original(name)  # type: ignore[method-assign]
+    model = Transformer(arch, cfg, lazy, "int4")
+    # every projection was read once and converted; only what the model keeps in fp32 stays alive
+    projections = [n for n in lazy if n.endswith("_proj.weight")]
+    assert sorted(n for n in reads if n.endswith("_proj.weight")) == sorted(projections)
+    assert not [n for n in lazy._alive if n.endswith("_proj.weight")]
+    assert "model.embed_tokens.weight" in lazy._alive
+    # and it is the model the whole checkpoint read at once gives, bit for bit; in fp32, transformers'
+    ids = torch.randint(3, VOCAB, (10,), generator=torch.Generator().manual_seed(5))
+    whole = arch.shift_norms(arch.split_fused(cfg, checkpoint.load(names)))
+    got = model.forward(ids, model.new_cache(16))
+    assert torch.equal(got, Transformer(arch, cfg, whole, "int4").forward(ids, model.new_cache(16)))
+    fp32 = Transformer(arch, cfg, loader._lazy_tensors(arch, cfg, checkpoint, names, None), "fp32")
+    with torch.no_grad():
+        want = reference(ids[None]).logits[0]
+    torch.testing.assert_close(fp32.forward(ids, fp32.new_cache(16)), want, rtol=1e-4, atol=1e-4)
 
 
 def test_free_memory_is_read_from_the_system() -> None:

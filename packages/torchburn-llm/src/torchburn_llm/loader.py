@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from . import files, memory
 from .architectures import Architecture, architecture_for
 from .config import ModelConfig
@@ -15,7 +17,7 @@ from .errors import ModelLoadError
 from .gguf_file import GGUFCheckpoint
 from .linear import STORED
 from .model import Transformer
-from .weights import SafetensorsCheckpoint
+from .weights import LazyTensors, SafetensorsCheckpoint
 
 # called with (tensors loaded, tensors in all) as loading goes
 Progress = Callable[[int, int], None]
@@ -48,14 +50,56 @@ def load_folder(
     checkpoint = SafetensorsCheckpoint(folder)
     arch.check(cfg, checkpoint.shapes, str(folder))
     names = [n for n in checkpoint.shapes if n in arch.tensors(cfg) or n == "lm_head.weight"]
-    # every tensor is read as fp32 before the weights are converted
+    quant = quant or default_folder_quant(cfg)
+    # the weights are read one at a time as the model converts them: it holds its own formats plus
+    # one tensor in fp32 (and the embedding, which stays fp32)
+    sizes = {n: math.prod(checkpoint.shapes[n]) for n in names}
+    embedding = sizes.get("model.embed_tokens.weight", 0)
     memory.check_room(
-        sum(4 * math.prod(checkpoint.shapes[n]) for n in names),
-        f"{folder}: reading {len(names)} tensors as fp32",
-        "a GGUF file of the model runs in its stored types without an fp32 copy",
+        int(sum(sizes.values()) * KEPT_BYTES.get(quant, 4) + 4 * (embedding + max(sizes.values(), default=0))),
+        f"{folder}: holding its {len(names)} tensors in {quant}",
+        "a GGUF file of the model runs in its stored types, or pick a smaller --quant",
     )
-    tensors = arch.shift_norms(arch.split_fused(cfg, checkpoint.load(names, progress=progress)))
-    return arch, cfg, Transformer(arch, cfg, tensors, quant or default_folder_quant(cfg))
+    tensors = _lazy_tensors(arch, cfg, checkpoint, names, progress)
+    return arch, cfg, Transformer(arch, cfg, tensors, quant)
+
+
+# bytes per weight each format keeps (int4: 4 bits and a scale and offset per 32)
+KEPT_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0 + 4 / 576, "int4": 0.5 + 4 / 32}
+
+
+def _lazy_tensors(
+    arch: Architecture,
+    cfg: ModelConfig,
+    checkpoint: SafetensorsCheckpoint,
+    names: list[str],
+    progress: Progress | None,
+) -> LazyTensors:
+    """The checkpoint's tensors as the model reads them, each loaded when first looked up: fused
+    matrices (Phi-3's) under the names of their parts, Gemma's norm offsets as scales."""
+    fused = arch.fused_parts(cfg)
+    origin: dict[str, tuple[str, int, int] | None] = {}  # name -> (stored matrix, rows) or itself
+    for name in names:
+        prefix, _, part = name.rpartition(".layers.")
+        layer, _, rest = part.partition(".")
+        parts = fused.get(rest) if prefix else None
+        if parts is None:
+            origin[name] = None
+        else:
+            origin.update({f"{prefix}.layers.{layer}.{p}": (name, lo, hi) for p, lo, hi in parts})
+
+    def read(name: str) -> torch.Tensor:
+        source = origin[name]
+        if source is None:
+            tensor = checkpoint.load_one(name)
+        else:
+            stored, lo, hi = source
+            tensor = checkpoint.load_one(stored)[lo:hi].clone()  # its own storage: the rest can go
+        if arch.norm_offset and name.endswith("norm.weight"):
+            tensor = tensor + 1.0
+        return tensor
+
+    return LazyTensors(list(origin), read, progress)
 
 
 def load_gguf(

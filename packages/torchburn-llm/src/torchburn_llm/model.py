@@ -12,7 +12,7 @@ prefill, where PyTorch's BLAS is as fast as any.
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -85,7 +85,7 @@ class Transformer:
         self,
         arch: Architecture,
         cfg: ModelConfig,
-        tensors: dict[str, torch.Tensor],
+        tensors: Mapping[str, torch.Tensor],
         quant: str = "fp32",
         packed: dict[str, QMatrix | GgmlMatrix] | None = None,
     ) -> None:

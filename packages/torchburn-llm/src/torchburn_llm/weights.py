@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import torch
@@ -57,6 +58,47 @@ class SafetensorsCheckpoint:
                     if progress is not None:
                         progress(len(out), len(names))
         return out
+
+    def load_one(self, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The tensor ``name`` converted to ``dtype``."""
+        with safe_open(str(self._where[name]), framework="pt") as f:
+            tensor: torch.Tensor = f.get_tensor(name).to(dtype)
+        return tensor
+
+
+class LazyTensors(Mapping[str, torch.Tensor]):
+    """Tensors by name, each read by ``read`` when first looked up: a model that converts its weights
+    one by one (to int4, say) holds one of them in fp32 at a time, not the whole checkpoint. A tensor
+    still alive when looked up again is the same object (a tied embedding is read once)."""
+
+    def __init__(
+        self,
+        names: list[str],
+        read: Callable[[str], torch.Tensor],
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self._names = dict.fromkeys(names)
+        self._read, self._progress = read, progress
+        self._alive: weakref.WeakValueDictionary[str, torch.Tensor] = weakref.WeakValueDictionary()
+        self._seen: set[str] = set()
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._names:
+            raise KeyError(name)
+        tensor = self._alive.get(name)
+        if tensor is None:
+            tensor = self._read(name)
+            self._alive[name] = tensor
+            self._seen.add(name)
+            if self._progress is not None:
+                self._progress(len(self._seen), len(self._names))
+        return tensor
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
 def _shard_files(folder: Path) -> list[Path]:
