@@ -195,3 +195,23 @@ def test_the_limits_leave_room_for_long_chats_and_real_templates() -> None:
     echo = "{% for i in range(20) %}{% for m in messages %}{{ m.content }}{% endfor %}{% endfor %}"
     with pytest.raises(ChatTemplateError, match="hit its output limit: it writes more than"):
         render(echo, turns)
+
+
+# the dated system prompt of Llama 3.1-style templates, as their files write it
+DATED = (
+    "{%- if not date_string is defined %}{%- if strftime_now is defined %}"
+    '{%- set date_string = strftime_now("%d %b %Y") %}{%- else %}{%- set date_string = "26 Jul 2024" %}'
+    "{%- endif %}{%- endif %}"
+    "Today Date: {{ date_string }}\n{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+)
+
+
+def test_templates_date_their_prompt_as_transformers_does() -> None:
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    messages = [{"role": "user", "content": "hi"}]
+    want, _ = render_jinja_template(conversations=[messages], chat_template=DATED)
+    assert render(DATED, messages) == want[0]
+    assert time.strftime("%d %b %Y") in want[0]
+    with pytest.raises(ChatTemplateError, match="at most 64 characters"):
+        render('{{ strftime_now("%Y" * 100) }}', messages)

@@ -5,6 +5,7 @@ recurses is a :class:`ChatTemplateError` naming the limit."""
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +36,14 @@ def from_folder(folder: Path) -> str | None:
     return template if isinstance(template, str) else None
 
 
+def _strftime_now(fmt: str) -> str:
+    """Today's date in ``fmt`` (``strftime``'s codes): Llama 3.1+ templates date their system prompt
+    with it, as transformers and llama.cpp let them."""
+    if not isinstance(fmt, str) or len(fmt) > 64:
+        raise ValueError("strftime_now takes a format of at most 64 characters")
+    return datetime.datetime.now().strftime(fmt)
+
+
 def render(
     template: str,
     messages: Sequence[dict[str, str]],
@@ -62,6 +71,7 @@ def render(
 
     env = BoundedEnvironment(limits, trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = _strftime_now
     try:
         out: list[str] = []
         written = 0
