@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, quants
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, RopeScalingType, quants
 from torchburn_native import ggml
 
 from torchburn_llm import LLM, ModelLoadError, memory
@@ -78,6 +78,19 @@ GGUF_FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         },
     ),
     "qwen2": ("Qwen2Config", "qwen2", {"tie_word_embeddings": True}),
+    # YaRN in llama.cpp's metadata (rope.scaling.type, factor, original_context_length)
+    "qwen2_yarn": (
+        "Qwen2Config",
+        "qwen2",
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 32,
+            }
+        },
+    ),
     # llama.cpp fixes Gemma 2's layers as windowed, global; its query scale as the head size's
     "gemma2": (
         "Gemma2Config",
@@ -196,6 +209,10 @@ def _tiny_gguf(tmp_path: Path, family: str, types: list[str]) -> tuple[Any, Path
         writer.add_final_logit_softcapping(settings["final_logit_softcapping"])
     if "rope_scaling" in settings:
         writer.add_tensor("rope_freqs.weight", _llama3_rate_divisors(settings["rope_scaling"], 10000.0))
+    if settings.get("rope_parameters", {}).get("rope_type") == "yarn":
+        writer.add_rope_scaling_type(RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(settings["rope_parameters"]["factor"])
+        writer.add_rope_scaling_orig_ctx_len(settings["rope_parameters"]["original_max_position_embeddings"])
     writer.add_tokenizer_model("gpt2")
     letters = ["t", *"0123456789"]
     writer.add_token_list(letters + [f"t{i}" for i in range(VOCAB - len(letters))])

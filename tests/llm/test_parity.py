@@ -75,6 +75,19 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
     "phi3": ("Phi3Config", {"pad_token_id": 0}),
+    # YaRN as Qwen2.5 documents it for long contexts: rates blended between kept and divided by 4,
+    # the rotation scaled up (an original context of 32 so that the blend spans the tiny heads)
+    "qwen2_yarn": (
+        "Qwen2Config",
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 32,
+            }
+        },
+    ),
     # half of each head rotated, longrope's short factors and attention factor (contexts up to 128)
     "phi3_longrope_partial": (
         "Phi3Config",

@@ -19,9 +19,11 @@ GEMMA_TYPES = ("gemma", "gemma2", "gemma3_text")
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """How rotary frequencies are rescaled for long contexts: ``none``, ``linear``, ``llama3`` or
+    """How rotary frequencies are rescaled for long contexts: ``none``, ``linear``, ``llama3``,
     ``longrope`` (Phi-3: per-frequency factors, ``short_factor`` up to ``original_max_position`` and
-    ``long_factor`` beyond, the rotation scaled by ``attention_factor``)."""
+    ``long_factor`` beyond, the rotation scaled by ``attention_factor``) or ``yarn`` (Qwen2.5's long
+    contexts, DeepSeek: rates blended between kept and divided by ``factor``, the rotation scaled by
+    ``attention_factor``)."""
 
     kind: str = "none"
     factor: float = 1.0
@@ -31,6 +33,11 @@ class RopeScaling:
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()
     attention_factor: float = 1.0
+    # YaRN: rates turning more than beta_fast times over the original context keep theirs, fewer than
+    # beta_slow times are divided by the factor, those between blend linearly (by pair index)
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
 
 
 @dataclass(frozen=True)
@@ -276,6 +283,43 @@ def _rope_scaling(
             long_factor=factors["long_factor"],
             attention_factor=real(attention, f"{key}.attention_factor", source),
         )
+    if kind == "yarn":
+        original = whole(
+            raw.get("original_max_position_embeddings") or max_position,
+            f"{key}.original_max_position_embeddings",
+            source,
+            high=MAX_POSITIONS,
+        )
+        factor = raw.get("factor")
+        factor = max_position / original if factor is None else real(factor, f"{key}.factor", source)
+        attention = raw.get("attention_factor")
+        if attention is None:
+            mscale, mscale_all = raw.get("mscale"), raw.get("mscale_all_dim")
+            if mscale and mscale_all:
+                top = real(mscale, f"{key}.mscale", source)
+                bottom = real(mscale_all, f"{key}.mscale_all_dim", source)
+                attention = yarn_attention_factor(factor, top) / yarn_attention_factor(factor, bottom)
+            else:
+                attention = yarn_attention_factor(factor)
+        truncate = raw.get("truncate", True)
+        if not isinstance(truncate, bool):
+            raise ModelLoadError(f"{source}: {key}.truncate must be true or false, got {shown(truncate)}")
+        fast = real(raw.get("beta_fast") or 32.0, f"{key}.beta_fast", source)
+        slow = real(raw.get("beta_slow") or 1.0, f"{key}.beta_slow", source)
+        return RopeScaling(
+            "yarn",
+            factor=factor,
+            original_max_position=original,
+            attention_factor=real(attention, f"{key}.attention_factor", source),
+            beta_fast=fast,
+            beta_slow=slow,
+            truncate=truncate,
+        )
     raise ModelLoadError(
-        f"{source}: rope scaling {shown(kind)} is not supported (supported: default, linear, llama3, longrope)"
+        f"{source}: rope scaling {shown(kind)} is not supported (supported: default, linear, llama3, longrope, yarn)"
     )
+
+
+def yarn_attention_factor(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's scale of the rotation (the paper's ``0.1 · mscale · ln(factor) + 1``; 1 without scaling)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0

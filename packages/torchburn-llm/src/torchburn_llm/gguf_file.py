@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .checks import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, real, shown, text, token_id, token_ids, whole
-from .config import ModelConfig, RopeScaling, longrope_attention_factor
+from .config import ModelConfig, RopeScaling, longrope_attention_factor, yarn_attention_factor
 from .errors import ModelLoadError
 from .gguf_header import GGUFHeader, TensorInfo
 
@@ -188,8 +188,12 @@ class GGUFCheckpoint:
         elif kind == "linear":
             factor_key = f"{a}.rope.scaling.factor"
             scaling = RopeScaling("linear", factor=real(need(factor_key), factor_key, source))
+        elif kind == "yarn":
+            scaling = self._yarn()
         elif kind != "none":
-            raise ModelLoadError(f"{source}: rope scaling {shown(kind)} is not supported (supported: none, linear)")
+            raise ModelLoadError(
+                f"{source}: rope scaling {shown(kind)} is not supported (supported: none, linear, yarn)"
+            )
         layers = whole(need(f"{a}.block_count"), f"{a}.block_count", source, high=MAX_LAYERS)
         window_key = f"{a}.attention.sliding_window"
         window = self.field(window_key)
@@ -255,6 +259,34 @@ class GGUFCheckpoint:
         if isinstance(tokens, list):
             ids += [i for i, t in enumerate(tokens) if t in TURN_ENDS and i < vocab]
         return tuple(dict.fromkeys(ids))
+
+    def _yarn(self) -> RopeScaling:
+        """YaRN as llama.cpp's metadata gives it; the file's ``attn_factor`` multiplies YaRN's own scale
+        of the rotation, as llama.cpp's rotation does."""
+        a, source = self.arch, str(self.path)
+
+        def key(name: str) -> str:
+            return f"{a}.rope.scaling.{name}"
+
+        def required(name: str) -> Any:
+            value = self.field(key(name))
+            if value is None:
+                raise ModelLoadError(f"{source}: rope scaling 'yarn' needs {key(name)}, which is missing")
+            return value
+
+        factor = real(required("factor"), key("factor"), source)
+        original = whole(
+            required("original_context_length"), key("original_context_length"), source, high=MAX_POSITIONS
+        )
+        return RopeScaling(
+            "yarn",
+            factor=factor,
+            original_max_position=original,
+            attention_factor=real(self.field(key("attn_factor"), 1.0), key("attn_factor"), source)
+            * yarn_attention_factor(factor),
+            beta_fast=real(self.field(key("yarn_beta_fast"), 32.0), key("yarn_beta_fast"), source),
+            beta_slow=real(self.field(key("yarn_beta_slow"), 1.0), key("yarn_beta_slow"), source),
+        )
 
     def _factors(self, name: str, dim: int, required: str) -> tuple[float, ...]:
         """An f32 tensor of one positive factor per rotary pair."""

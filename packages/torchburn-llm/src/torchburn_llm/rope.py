@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .config import ModelConfig
+from .config import ModelConfig, RopeScaling
 
 
 def _exponents(d: int) -> torch.Tensor:
@@ -22,6 +22,8 @@ def inverse_frequencies(cfg: ModelConfig, long: bool = False) -> torch.Tensor:
         factors = torch.tensor(s.long_factor if long else s.short_factor, dtype=torch.float32)
         return 1.0 / (factors * cfg.rope_theta ** _exponents(d))
     inv = 1.0 / (cfg.rope_theta ** _exponents(d))
+    if s.kind == "yarn":
+        return _yarn(inv, s, d, cfg.rope_theta)
     if s.kind == "linear":
         return inv / s.factor
     if s.kind == "llama3":
@@ -35,6 +37,25 @@ def inverse_frequencies(cfg: ModelConfig, long: bool = False) -> torch.Tensor:
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         return torch.where(medium, smoothed, scaled)
     return inv
+
+
+def _yarn(inv: torch.Tensor, s: RopeScaling, d: int, base: float) -> torch.Tensor:
+    """YaRN's rates: pair i keeps its rate where it turns more than ``beta_fast`` times over the
+    original context, is divided by the factor where it turns fewer than ``beta_slow`` times, and
+    blends the two linearly in between (the boundaries as pair indices, floored and ceiled)."""
+
+    def pair_turning(turns: float) -> float:  # the pair index at which a rate turns `turns` times
+        return d * math.log(s.original_max_position / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = pair_turning(s.beta_fast), pair_turning(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001  # a ramp of one step, not a division by zero
+    ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    kept = 1 - ramp  # [d / 2]: 1 where the rate is kept, 0 where divided
+    return (inv / s.factor) * (1 - kept) + inv * kept
 
 
 def local_inverse_frequencies(cfg: ModelConfig) -> torch.Tensor | None:
@@ -75,6 +96,8 @@ class RotaryTable:
         if s.kind == "longrope":
             long = (inverse_frequencies(cfg, long=True), s.original_max_position)
             return RotaryTable(inverse_frequencies(cfg), s.attention_factor, long)
+        if s.kind == "yarn":
+            return RotaryTable(inverse_frequencies(cfg), s.attention_factor)
         return RotaryTable(inverse_frequencies(cfg))
 
     @property
