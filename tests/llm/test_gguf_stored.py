@@ -28,13 +28,15 @@ K_FACTORS = {
     "Q4_K": ((0, 2), 2e-4, 1e-3),
     "Q5_K": ((0, 2), 1e-4, 5e-4),
     "Q6_K": ((208,), 5e-5, 2e-4),
-    "Q2_K": ((80, 82), 1e-3, 5e-3),  # a type not computed in as stored
+    "Q2_K": ((80, 82), 1e-3, 5e-3),
+    "Q3_K": ((108,), 1e-3, 4e-3),
+    "IQ4_NL": ((0,), 1e-3, 4e-3),  # a type not computed in as stored
 }
 
 
 def _store(kind: str, w: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """``w`` [n, k] stored as ``kind``: quantized by ``gguf``, or, for the K-quants (which ``gguf`` does
-    not quantize), random well-formed blocks in its place. Returns the stored bytes [n, row bytes]."""
+    """``w`` [n, k] stored as ``kind``: quantized by ``gguf``, or, for the K-quants and IQ4_NL (which
+    ``gguf`` does not quantize), random well-formed blocks in its place. Returns the stored bytes [n, row bytes]."""
     qtype = GGMLQuantizationType[kind]
     if kind == "F32":
         return w.astype(np.float32).view(np.uint8)
@@ -305,8 +307,8 @@ def test_native_and_tensor_paths_agree_on_stored_weights(tmp_path: Path) -> None
 
 
 def test_types_not_computed_as_stored_run_dequantized_with_a_warning(tmp_path: Path) -> None:
-    reference, path = _tiny_gguf(tmp_path, "qwen2", ["Q4_K", "Q2_K"])
-    with pytest.warns(UserWarning, match=r"of GGUF type\(s\) Q2_K, which run dequantized to fp32"):
+    reference, path = _tiny_gguf(tmp_path, "qwen2", ["Q4_K", "IQ4_NL"])
+    with pytest.warns(UserWarning, match=r"of GGUF type\(s\) IQ4_NL, which run dequantized to fp32"):
         llm = LLM.from_pretrained(path)
     kinds = {lin.quant for layer in llm.model.layers for lin in (layer.q, layer.down)}
     assert kinds == {"Q4_K", "fp32"}
@@ -320,7 +322,7 @@ def test_types_not_computed_as_stored_run_dequantized_with_a_warning(tmp_path: P
 def test_a_dequantization_larger_than_free_memory_is_refused_before_it_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _, path = _tiny_gguf(tmp_path, "qwen2", ["Q4_K", "Q2_K"])
+    _, path = _tiny_gguf(tmp_path, "qwen2", ["Q4_K", "IQ4_NL"])
     monkeypatch.setattr(memory, "available_bytes", lambda: 10_000)  # a machine with 10 kB to spare
     with pytest.warns(UserWarning), pytest.raises(ModelLoadError, match=r"dequantizing \d+ tensors to fp32 needs"):
         LLM.from_pretrained(path)

@@ -22,9 +22,10 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 from torchburn_native import ggml
 
 QUANTIZED_BY_GGUF = ["BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
-K_QUANTS = ["Q4_K", "Q5_K", "Q6_K"]
+K_QUANTS = ["Q4_K", "Q5_K", "Q6_K"]  # with integer prompt tiles
+PORTABLE_K_QUANTS = ["Q2_K", "Q3_K"]  # through the portable decoder
 # where each K-quant block keeps its f16 factors
-K_HALVES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+K_HALVES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,)}
 
 
 def _blocks(kind: str, n: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -58,12 +59,12 @@ PREFILL_TOKENS = 8  # from this many tokens on, products take f32 activations
 
 def _as_kernels_see(kind: str, x: np.ndarray) -> np.ndarray:
     """``x`` [T, k] as the products read it: integers per block (f32 arithmetic, halves away from zero).
-    A prompt (``PREFILL_TOKENS`` or more) multiplies f32 activations, except the K-quants', which are
-    int8 per block of 32 there (their integer prompt tiles)."""
+    A prompt (``PREFILL_TOKENS`` or more) multiplies f32 activations, except the K-quants with integer
+    prompt tiles, whose activations are int8 per block of 32 there."""
     prompt = x.shape[0] >= PREFILL_TOKENS
     if kind in ("F32", "F16", "BF16") or (prompt and kind not in K_QUANTS):
         return x.astype(np.float64)
-    block = 256 if kind in K_QUANTS and not prompt else 32
+    block = 256 if kind in K_QUANTS + PORTABLE_K_QUANTS and not prompt else 32
     top = np.float32(32767 if kind == "Q8_0" else 127)
     xb = x.astype(np.float32).reshape(x.shape[0], -1, block)
     scale = (np.abs(xb).max(axis=-1, keepdims=True) / top).astype(np.float32)
@@ -124,7 +125,7 @@ def test_bad_inputs_are_refused_with_what_is_allowed() -> None:
     raw, _ = _blocks("Q8_0", 2, 64)
     data = torch.from_numpy(raw).reshape(-1)
     with pytest.raises(ValueError, match="supported: F32, F16, BF16, Q8_0"):
-        ggml.lend("Q3_K", data, 2, 64)
+        ggml.lend("IQ4_XS", data, 2, 64)
     with pytest.raises(ValueError, match="takes 136 bytes, got 68"):
         ggml.lend("Q8_0", data[:68], 2, 64)
     with pytest.raises(ValueError, match="whole blocks of 256"):

@@ -16,6 +16,8 @@
 //! | Q4_K | 256 | 144 | `d`, `dmin`, 12 bytes of eight 6-bit scales and mins, 128 bytes of nibbles |
 //! | Q5_K | 256 | 176 | as Q4_K, then 32 bytes of fifth bits before the nibbles |
 //! | Q6_K | 256 | 210 | 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, `d` |
+//! | Q2_K | 256 | 84 | 16 bytes of 4-bit scale (low) and min (high) per 16 elements, 64 bytes of bit pairs, `d`, `dmin` |
+//! | Q3_K | 256 | 110 | 32 bytes of high bits (set: no -4), 64 bytes of bit pairs, 12 bytes of sixteen 6-bit scales (less 32), `d` |
 //!
 //! In the K-quants each 64 elements take 32 bytes of nibbles: the first 32 elements the low nibbles,
 //! the next 32 the high ones (sub-blocks `2c` and `2c + 1` of chunk `c`).
@@ -36,6 +38,8 @@ pub enum GgmlType {
     Q4K,
     Q5K,
     Q6K,
+    Q2K,
+    Q3K,
 }
 
 /// Elements of a K-quant super-block.
@@ -44,7 +48,7 @@ pub const QK_K: usize = 256;
 pub const MAX_SUBS: usize = 16;
 
 impl GgmlType {
-    pub const ALL: [GgmlType; 11] = [
+    pub const ALL: [GgmlType; 13] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,
@@ -56,6 +60,8 @@ impl GgmlType {
         GgmlType::Q4K,
         GgmlType::Q5K,
         GgmlType::Q6K,
+        GgmlType::Q2K,
+        GgmlType::Q3K,
     ];
 
     /// The name GGUF and llama.cpp give the type.
@@ -72,6 +78,8 @@ impl GgmlType {
             GgmlType::Q4K => "Q4_K",
             GgmlType::Q5K => "Q5_K",
             GgmlType::Q6K => "Q6_K",
+            GgmlType::Q2K => "Q2_K",
+            GgmlType::Q3K => "Q3_K",
         }
     }
 
@@ -86,7 +94,7 @@ impl GgmlType {
             GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => {
                 32
             }
-            GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => QK_K,
+            GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K | GgmlType::Q2K | GgmlType::Q3K => QK_K,
         }
     }
 
@@ -103,13 +111,15 @@ impl GgmlType {
             GgmlType::Q4K => 144,
             GgmlType::Q5K => 176,
             GgmlType::Q6K => 210,
+            GgmlType::Q2K => 84,
+            GgmlType::Q3K => 110,
         }
     }
 
     /// Elements per sub-block: the run that shares one scale (and min).
     pub fn sub_len(self) -> usize {
         match self {
-            GgmlType::Q6K => 16,
+            GgmlType::Q6K | GgmlType::Q2K | GgmlType::Q3K => 16,
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
             _ => 32,
         }
@@ -249,11 +259,62 @@ pub fn decode(kind: GgmlType, block: &[u8]) -> Decoded {
                 }
             }
         }
+        GgmlType::Q2K => {
+            let (scales, pairs) = (&block[..16], &block[16..80]);
+            let (d, dmin) = (half_at(block, 80), half_at(block, 82));
+            for (s, &sc) in scales.iter().enumerate() {
+                out.scale[s] = d * (sc & 0x0F) as f32;
+                out.min[s] = dmin * (sc >> 4) as f32;
+            }
+            bit_pairs(&mut out.q, pairs, |_, _| 0);
+        }
+        GgmlType::Q3K => {
+            let (high, pairs) = (&block[..32], &block[32..96]);
+            let d = half_at(block, 108);
+            for (s, sc) in q3k_scales(&block[96..108]).into_iter().enumerate() {
+                out.scale[s] = d * (sc as i32 - 32) as f32;
+            }
+            // element l of each 16 has its high bit in byte l (or l + 16) of `high`, bit `plane`;
+            // a clear bit takes 4 off
+            bit_pairs(&mut out.q, pairs, |plane, l| {
+                if high[l] >> plane & 1 == 1 {
+                    0
+                } else {
+                    4
+                }
+            });
+        }
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
             panic!("decode takes a quantized type, got {}", kind.name())
         }
     }
     out
+}
+
+/// Q2_K / Q3_K values from their 64 bytes of bit pairs: the `n`-th 128 elements read bytes
+/// `32n..32n + 32` four times over, at shifts `2j` for `j` in 0..4, each time element `32j + l` from
+/// byte `l`; `less(4n + j, l)` is subtracted (Q3_K's missing high bit).
+fn bit_pairs(q: &mut [i8; QK_K], pairs: &[u8], less: impl Fn(usize, usize) -> i8) {
+    for n in 0..2 {
+        let bytes = &pairs[32 * n..32 * n + 32];
+        for j in 0..4 {
+            let plane = 4 * n + j;
+            for l in 0..32 {
+                q[128 * n + 32 * j + l] = ((bytes[l] >> (2 * j)) & 3) as i8 - less(plane, l);
+            }
+        }
+    }
+}
+
+/// The sixteen 6-bit scales of a Q3_K block's twelve bytes: scale s has its low four bits in byte
+/// s (s < 8: low nibble; else the high nibble of byte s - 8) and its top two bits in bytes 8..12,
+/// two bits per scale (byte 8 + s % 4, at bit 2 · (s / 4)).
+pub fn q3k_scales(b: &[u8]) -> [u8; 16] {
+    std::array::from_fn(|s| {
+        let low = if s < 8 { b[s] & 0x0F } else { b[s - 8] >> 4 };
+        let top = (b[8 + s % 4] >> (2 * (s / 4))) & 3;
+        low | (top << 4)
+    })
 }
 
 /// Dequantizes a row of `out.len()` elements stored as `kind` in `row`.

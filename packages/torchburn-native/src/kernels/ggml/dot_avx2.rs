@@ -152,6 +152,8 @@ unsafe fn rows_dot_on<const VNNI: bool>(
         GgmlType::Q4K => each_row!(row => q45k_dot::<false>(row, a)),
         GgmlType::Q5K => each_row!(row => q45k_dot::<true>(row, a)),
         GgmlType::Q6K => each_row!(row => q6k_dot(row, a)),
+        // no vector kernel for these yet: the portable decoder, still reading the rows as stored
+        GgmlType::Q2K | GgmlType::Q3K => each_row!(row => super::dot::row_dot(m.kind, row, a)),
         GgmlType::Q8_0 => legacy_rows::<Q8_0, VNNI>(m, rows, a, out),
         GgmlType::Q4_0 => legacy_rows::<Q4_0, VNNI>(m, rows, a, out),
         GgmlType::Q4_1 => legacy_rows::<Q4_1, VNNI>(m, rows, a, out),

@@ -15,6 +15,8 @@ fn half_fields(kind: GgmlType) -> &'static [usize] {
         GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => &[0],
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
         GgmlType::Q6K => &[208],
+        GgmlType::Q2K => &[80, 82],
+        GgmlType::Q3K => &[108],
         _ => &[],
     }
 }
@@ -199,7 +201,7 @@ fn odd_lengths_of_float_rows() {
 fn matmul_gives_each_token_its_rows() {
     // tasks of 75 rows: more than one cache block of rows (see `row_blocks`) each, so that every
     // token runs over a block before the next
-    let (n, k, tokens) = (600, 512, 5);
+    let (n, k, tokens) = (600, 1024, 5);
     for kind in GgmlType::ALL {
         let m = matrix(kind, n, k, 3);
         assert!(75 > crate::kernels::row_blocks::block_rows(m.row_bytes()));
