@@ -44,7 +44,18 @@ SHAPES = {
 }
 
 # llama.cpp's file types (llama_ftype) by the names its quantize tool takes
-FTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
+FTYPES = {
+    "Q4_0": 2,
+    "Q4_1": 3,
+    "Q8_0": 7,
+    "Q5_0": 8,
+    "Q5_1": 9,
+    "Q2_K": 10,
+    "Q3_K_M": 12,
+    "Q4_K_M": 15,
+    "Q5_K_M": 17,
+    "Q6_K": 18,
+}
 
 UNUSED = 5  # GGUF token type of a padding token
 

@@ -17,9 +17,7 @@ import torch
 
 from ._native import GgmlMatrix
 
-GgmlType = Literal[
-    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K"
-]
+GgmlType = Literal["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K"]
 TYPES: tuple[str, ...] = get_args(GgmlType)
 
 __all__ = ["TYPES", "GgmlMatrix", "GgmlType", "dequantize", "lend", "matmul", "row_bytes"]
