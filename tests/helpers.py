@@ -103,3 +103,22 @@ def calibrate_batchnorm(model: Any, *shape: int) -> None:
     with torch.no_grad():
         model(seeded_randn(*shape, seed=7))
     model.eval()
+
+
+# Llama 3.1's rotary scaling with a short original context, so that most of a tiny model's rates
+# are rescaled
+LLAMA3_ROPE_SCALING: dict[str, Any] = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
+# YaRN as Qwen2.5 documents it for long contexts, with an original context of 32 so that the blend
+# spans a tiny model's heads
+YARN_ROPE_PARAMETERS: dict[str, Any] = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 32,
+}

@@ -17,6 +17,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, RopeScalingType, quants
 from torchburn_native import ggml
 
+from helpers import LLAMA3_ROPE_SCALING, YARN_ROPE_PARAMETERS
 from torchburn_llm import LLM, ModelLoadError, memory
 from torchburn_llm.gguf_file import _unpermute_rows
 
@@ -69,29 +70,14 @@ GGUF_FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "llama3.1": (
         "LlamaConfig",
         "llama",
-        {
-            "rope_scaling": {
-                "rope_type": "llama3",
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 16,
-            }
-        },
+        {"rope_scaling": {**LLAMA3_ROPE_SCALING}},
     ),
     "qwen2": ("Qwen2Config", "qwen2", {"tie_word_embeddings": True}),
     # YaRN in llama.cpp's metadata (rope.scaling.type, factor, original_context_length)
     "qwen2_yarn": (
         "Qwen2Config",
         "qwen2",
-        {
-            "rope_parameters": {
-                "rope_type": "yarn",
-                "rope_theta": 10000.0,
-                "factor": 4.0,
-                "original_max_position_embeddings": 32,
-            }
-        },
+        {"rope_parameters": {**YARN_ROPE_PARAMETERS}},
     ),
     # llama.cpp fixes Gemma 2's layers as windowed, global; its query scale as the head size's
     "gemma2": (

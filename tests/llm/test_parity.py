@@ -13,6 +13,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from helpers import LLAMA3_ROPE_SCALING, YARN_ROPE_PARAMETERS  # noqa: E402
 from torchburn_llm import LLM  # noqa: E402
 
 COMMON: dict[str, Any] = {
@@ -34,13 +35,7 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         "LlamaConfig",
         {
             "rope_theta": 500000.0,
-            "rope_scaling": {
-                "rope_type": "llama3",
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 16,
-            },
+            "rope_scaling": {**LLAMA3_ROPE_SCALING},
         },
     ),
     "llama_attention_bias": ("LlamaConfig", {"attention_bias": True, "mlp_bias": True}),
@@ -79,14 +74,7 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     # the rotation scaled up (an original context of 32 so that the blend spans the tiny heads)
     "qwen2_yarn": (
         "Qwen2Config",
-        {
-            "rope_parameters": {
-                "rope_type": "yarn",
-                "rope_theta": 10000.0,
-                "factor": 4.0,
-                "original_max_position_embeddings": 32,
-            }
-        },
+        {"rope_parameters": {**YARN_ROPE_PARAMETERS}},
     ),
     # half of each head rotated, longrope's short factors and attention factor (contexts up to 128)
     "phi3_longrope_partial": (
