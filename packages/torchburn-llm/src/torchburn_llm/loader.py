@@ -88,13 +88,18 @@ def _lazy_tensors(
         else:
             origin.update({f"{prefix}.layers.{layer}.{p}": (name, lo, hi) for p, lo, hi in parts})
 
+    last: dict[str, torch.Tensor] = {}  # the fused matrix read last: its parts are looked up in turn
+
     def read(name: str) -> torch.Tensor:
         source = origin[name]
         if source is None:
             tensor = checkpoint.load_one(name)
         else:
             stored, lo, hi = source
-            tensor = checkpoint.load_one(stored)[lo:hi].clone()  # its own storage: the rest can go
+            if stored not in last:
+                last.clear()
+                last[stored] = checkpoint.load_one(stored)
+            tensor = last[stored][lo:hi].clone()  # its own storage: the fused matrix can go
         if arch.norm_offset and name.endswith("norm.weight"):
             tensor = tensor + 1.0
         return tensor

@@ -61,6 +61,12 @@ class Sampler:
         else:
             self.generator.seed()
         self.picked: Counter[int] = Counter()  # how often each token was picked, for OpenAI's penalties
+        # the bias as (ids, values) tensors, built once rather than at every step
+        self._bias = (
+            (torch.tensor([t for t, _ in params.logit_bias]), torch.tensor([b for _, b in params.logit_bias]))
+            if params.logit_bias
+            else None
+        )
 
     def __call__(self, logits: torch.Tensor, history: Sequence[int]) -> int:
         """The next token for ``logits`` [V], given the ids so far (for the repetition penalty)."""
@@ -71,12 +77,12 @@ class Sampler:
     def _shifted(self, logits: torch.Tensor, history: Sequence[int]) -> torch.Tensor:
         """``logits`` [V] with the bias and penalties applied (a copy where any applies)."""
         p = self.params
-        if p.logit_bias:
-            if max(token for token, _ in p.logit_bias) >= logits.shape[0]:
+        if self._bias is not None:
+            ids, biases = self._bias
+            if int(ids.max()) >= logits.shape[0]:
                 raise ValueError(f"logit_bias names a token outside the vocabulary of {logits.shape[0]}")
             logits = logits.clone()
-            ids = torch.tensor([token for token, _ in p.logit_bias])
-            logits.index_add_(0, ids, torch.tensor([bias for _, bias in p.logit_bias], dtype=logits.dtype))
+            logits.index_add_(0, ids, biases.to(logits.dtype))
         if p.repetition_penalty != 1.0 and history:
             seen = torch.tensor(sorted(set(history)))
             picked = logits[seen]

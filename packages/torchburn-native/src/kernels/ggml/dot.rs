@@ -4,7 +4,7 @@
 
 use half::{bf16, f16};
 
-use super::acts::{Acts, SUM_LEN};
+use super::acts::{ActForm, Acts, SUM_LEN};
 use super::blocks::{decode, GgmlType};
 
 /// One row of weights (`row`, stored as `kind`) times one activation row.
@@ -34,7 +34,7 @@ fn quantized_dot(kind: GgmlType, row: &[u8], a: &Acts) -> f32 {
             let w = &dec.q[s * sub..(s + 1) * sub];
             // the integers as one slice of the form's width (not a branch per element), so the
             // sum vectorizes
-            let isum: i32 = if a.q16.is_empty() {
+            let isum: i32 = if a.form != ActForm::Int16x32 {
                 w.iter()
                     .zip(&a.q[at..at + sub])
                     .map(|(&w, &x)| w as i32 * x as i32)
