@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -418,3 +419,23 @@ def test_converted_quants_of_other_families_read_their_layout(tmp_path: Path, fa
     cache = model.new_cache(16)
     got = torch.cat([model.forward(ids[:8], cache), *(model.forward(ids[i : i + 1], cache) for i in range(8, 12))])
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_bad_rotary_scaling_metadata_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    this = sys.modules[__name__]
+    for sub in ("short", "zero", "yarn"):
+        (tmp_path / sub).mkdir()
+    # Llama 3.1's divisors of the wrong length, and zero
+    monkeypatch.setattr(this, "_llama3_rate_divisors", lambda *_: np.ones(3, np.float32))
+    _, path = _tiny_gguf(tmp_path / "short", "llama3.1", ["F32"])
+    with pytest.raises(ModelLoadError, match=r"rope_freqs.weight must be an f32 vector of \d+ factors"):
+        LLM.from_pretrained(path)
+    monkeypatch.setattr(this, "_llama3_rate_divisors", lambda *_: np.zeros(HEAD_DIM // 2, np.float32))
+    _, path = _tiny_gguf(tmp_path / "zero", "llama3.1", ["F32"])
+    with pytest.raises(ModelLoadError, match=r"rope_freqs must be a finite number above 0"):
+        LLM.from_pretrained(path)
+    # YaRN without its original context length
+    monkeypatch.setattr(GGUFWriter, "add_rope_scaling_orig_ctx_len", lambda *_: None)
+    _, path = _tiny_gguf(tmp_path / "yarn", "qwen2_yarn", ["F32"])
+    with pytest.raises(ModelLoadError, match=r"'yarn' needs qwen2\.rope\.scaling\.original_context_length"):
+        LLM.from_pretrained(path)
