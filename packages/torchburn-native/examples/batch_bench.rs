@@ -30,7 +30,13 @@ fn ggml(kind: GgmlType, n: usize, k: usize, seed: &mut u64) -> Arc<GgmlMatrix> {
             block[at..at + 2].copy_from_slice(&half::f16::from_f32(0.004).to_le_bytes());
         }
     }
-    Arc::new(GgmlMatrix::new(kind, n, k, WeightBytes::owned(bytes)).unwrap())
+    let m = GgmlMatrix::new(kind, n, k, WeightBytes::owned(bytes)).unwrap();
+    // regrouped as the runtime loads it, unless TORCHBURN_ROWS asks for the stored rows
+    if std::env::var_os("TORCHBURN_ROWS").is_some() {
+        Arc::new(m)
+    } else {
+        Arc::new(m.interleaved_for_this_cpu())
+    }
 }
 
 fn main() {

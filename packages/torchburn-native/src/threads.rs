@@ -387,6 +387,15 @@ pub fn par_ranges(n: usize, min_len: usize, f: impl Fn(usize, usize) + Sync) {
     parallel_for(count, |t| f(t * per, ((t + 1) * per).min(n)));
 }
 
+/// [`par_ranges`] over `0..n` in whole steps of `step` (the last range may end short at `n`), so
+/// that no range splits a group of `step` items that a kernel computes together.
+pub fn par_steps(n: usize, step: usize, f: impl Fn(usize, usize) + Sync) {
+    let step = step.max(1);
+    par_ranges(n.div_ceil(step), 1, |lo, hi| {
+        f(lo * step, (hi * step).min(n))
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,10 +16,14 @@ use crate::threads;
 /// with room for the tokens' activations, and far inside L2.
 pub const BLOCK_BYTES: usize = 16 << 10;
 
-/// Rows per block for rows of `row_bytes`: a multiple of four (the row kernels' groups, so a block
-/// splits none of them), at least four.
+/// Rows the kernels compute together: sixteen for the regrouped GGUF matrices (a group, see
+/// [`crate::kernels::ggml::interleaved`]), four for the row kernels; blocks and tasks are made of
+/// whole groups so that none is split (and computed twice).
+pub const ROW_GROUP: usize = 16;
+
+/// Rows per block for rows of `row_bytes`: whole [`ROW_GROUP`]s, at least one.
 pub fn block_rows(row_bytes: usize) -> usize {
-    (BLOCK_BYTES / row_bytes.max(1) / 4 * 4).max(4)
+    (BLOCK_BYTES / row_bytes.max(1) / ROW_GROUP * ROW_GROUP).max(ROW_GROUP)
 }
 
 /// `rows` in consecutive blocks of [`block_rows`] (the last may be short); all of `rows` at once
@@ -50,7 +54,7 @@ pub fn par_rows_tokens(
 ) {
     assert_eq!(out.len(), tokens * n, "output length");
     let out_ptr = threads::SendPtr(out.as_mut_ptr());
-    threads::par_ranges(n, 16, |lo, hi| {
+    threads::par_steps(n, ROW_GROUP, |lo, hi| {
         let mut block = Vec::new(); // [tokens, rows of the block]
         for sub in row_blocks(lo..hi, row_bytes, tokens) {
             let len = sub.len();
@@ -76,12 +80,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn blocks_cover_the_rows_in_order_in_whole_groups_of_four() {
-        // 360-byte rows (Q4_1 of 576): 44 rows a block
-        let blocks: Vec<_> = row_blocks(10..110, 360, 3).collect();
-        assert_eq!(blocks, vec![10..54, 54..98, 98..110]);
-        // rows larger than a block still go four at a time
-        assert_eq!(block_rows(1 << 20), 4);
+    fn blocks_cover_the_rows_in_order_in_whole_groups() {
+        // 360-byte rows (Q4_1 of 576): 32 rows a block
+        let blocks: Vec<_> = row_blocks(16..110, 360, 3).collect();
+        assert_eq!(blocks, vec![16..48, 48..80, 80..110]);
+        // rows larger than a block still go a group at a time
+        assert_eq!(block_rows(1 << 20), ROW_GROUP);
         assert_eq!(row_blocks(3..5, 1 << 20, 2).collect::<Vec<_>>(), vec![3..5]);
         // one token: the whole range
         assert_eq!(

@@ -33,6 +33,7 @@ impl GgmlMatrix {
     #[staticmethod]
     #[pyo3(signature = (kind, ptr, nbytes, n, k, owner, order=None))]
     fn lend(
+        py: Python<'_>,
         kind: &str,
         ptr: usize,
         nbytes: usize,
@@ -51,6 +52,8 @@ impl GgmlMatrix {
         if let Some(order) = order {
             inner = inner.with_row_order(order).map_err(PyValueError::new_err)?;
         }
+        // regrouping copies the weights: the caller's lock is let go meanwhile
+        let inner = py.detach(move || inner.interleaved_for_this_cpu());
         Ok(GgmlMatrix {
             inner: Arc::new(inner),
         })

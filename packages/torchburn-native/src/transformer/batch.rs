@@ -305,7 +305,9 @@ mod tests {
                         }
                         Weights::Gguf => {
                             let kind = kinds.next().unwrap();
-                            Weight::Ggml(Arc::new(ggml_matrix(kind, n, k, (n * 7 + k) as u64)))
+                            // regrouped where the level has kernels for it, as the runtime loads them
+                            let m = ggml_matrix(kind, n, k, (n * 7 + k) as u64);
+                            Weight::Ggml(Arc::new(m.interleaved_for_this_cpu()))
                         }
                     };
                     Projection {

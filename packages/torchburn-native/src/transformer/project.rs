@@ -11,7 +11,7 @@
 use super::decoder::{dot, slice, Projection, Weight};
 use crate::kernels::ggml::acts as ggml_acts;
 use crate::kernels::quant::{quantize_acts, ActFormat, QActs};
-use crate::kernels::row_blocks::row_blocks;
+use crate::kernels::row_blocks::{row_blocks, ROW_GROUP};
 use crate::threads::{self, SendPtr};
 
 /// Where projection `i`'s output for token `t` goes: `rows[i][t]`, `n_i` floats.
@@ -85,7 +85,7 @@ pub(super) unsafe fn project_tokens_to(
     });
     let acts: [Vec<&QActs>; 3] = std::array::from_fn(|i| acts[i].iter().collect());
     let total: usize = ps.iter().map(|p| p.n()).sum();
-    threads::par_ranges(total, 16, |lo, hi| {
+    threads::par_steps(total, ROW_GROUP, |lo, hi| {
         let mut block = Vec::new(); // [T, rows of the block]
                                     // this task's rows of every projection it overlaps
         let mut base = 0;

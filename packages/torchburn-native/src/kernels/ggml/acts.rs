@@ -17,6 +17,8 @@ use crate::kernels::quant::round_away;
 pub const QK8: usize = 32;
 /// Elements per entry of [`Acts::sums16`].
 pub const SUM_LEN: usize = 16;
+/// Running maxima of a block's magnitudes (one AVX-512 register).
+const LANES: usize = 16;
 
 /// How one weight type takes its activations (the order of [`ActForm::ALL`], which
 /// `form as usize` indexes).
@@ -158,14 +160,33 @@ fn quantize_blocks(
     d: &mut [f32],
     dsum: &mut [f32],
 ) {
+    assert!(block.is_multiple_of(LANES), "blocks of whole lanes");
     let rows = x.chunks_exact(block).zip(ints.chunks_exact_mut(block));
     for ((xs, qs), (d, dsum)) in rows.zip(d.iter_mut().zip(dsum.iter_mut())) {
-        let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+        // the largest magnitude in sixteen running maxima, which vectorize (one fold over the
+        // block is a chain the compiler keeps scalar); a NaN never wins a comparison, as it never
+        // wins `f32::max`, and the maximum of exact values does not depend on their order
+        let mut lanes = [0f32; LANES];
+        for chunk in xs.chunks_exact(LANES) {
+            for (m, &v) in lanes.iter_mut().zip(chunk) {
+                if v.abs() > *m {
+                    *m = v.abs();
+                }
+            }
+        }
+        let amax = lanes.iter().fold(0f32, |m, &v| if v > m { v } else { m });
         let scale = amax / top;
         let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
         for (o, &v) in qs.iter_mut().zip(xs) {
             // |v · inv| <= top up to rounding, clamped for safety
-            *o = round_away(v * inv).clamp(-top, top) as i32;
+            let r = round_away(v * inv).clamp(-top, top);
+            // a NaN becomes 0, as `as i32` makes it; the saturating `as` itself stays scalar
+            *o = if r.is_nan() {
+                0
+            } else {
+                // SAFETY: a number within ±top, which i32 holds
+                unsafe { r.to_int_unchecked::<i32>() }
+            };
         }
         *d = scale;
         *dsum = scale * qs.iter().sum::<i32>() as f32;

@@ -7,6 +7,8 @@
 //! - [`dot`]: the portable row products (the baseline path);
 //! - `dot_avx2`: the AVX2 row products (also run at the AVX-512 level);
 //! - `dot_tokens`: the 32-element types' row products against several tokens at once;
+//! - [`interleaved`]: Q4_0, Q4_1 and Q8_0 regrouped sixteen rows to a register, and
+//!   `dot_interleaved`, their products against one or several tokens (x86);
 //! - [`kprefill`]: the K-quants' products with many tokens (a prompt) in integers.
 
 pub mod acts;
@@ -16,7 +18,10 @@ pub mod dot;
 #[cfg(target_arch = "x86_64")]
 pub mod dot_avx2;
 #[cfg(target_arch = "x86_64")]
+pub mod dot_interleaved;
+#[cfg(target_arch = "x86_64")]
 pub mod dot_tokens;
+pub mod interleaved;
 pub mod kprefill;
 
 use std::any::Any;
@@ -77,8 +82,17 @@ pub struct GgmlMatrix {
     pub kind: GgmlType,
     pub n: usize,
     pub k: usize,
-    bytes: WeightBytes,
+    storage: Storage,
     order: Option<Vec<u32>>,
+}
+
+/// How a matrix holds its weights.
+enum Storage {
+    /// row after row, as the file stores them
+    Rows(WeightBytes),
+    /// regrouped for the x86 kernels (see [`interleaved`]); rows already in their reading order
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Interleaved(interleaved::Interleaved),
 }
 
 impl GgmlMatrix {
@@ -116,7 +130,7 @@ impl GgmlMatrix {
             kind,
             n,
             k,
-            bytes,
+            storage: Storage::Rows(bytes),
             order: None,
         })
     }
@@ -145,22 +159,55 @@ impl GgmlMatrix {
         Ok(self)
     }
 
-    /// Bytes the weights take.
-    pub fn nbytes(&self) -> usize {
-        self.bytes.len
+    /// The same matrix regrouped for the x86 kernels where the running level has them for its
+    /// type (see [`interleaved`]): the weights move into memory of their own, the same bytes in
+    /// another order, and the lent ones are let go. Unchanged otherwise.
+    pub fn interleaved_for_this_cpu(self) -> GgmlMatrix {
+        #[cfg(target_arch = "x86_64")]
+        if dot_interleaved::takes(self.kind) {
+            let packed = interleaved::Interleaved::pack(self.kind, self.n, self.k, |r| self.row(r));
+            return GgmlMatrix {
+                kind: self.kind,
+                n: self.n,
+                k: self.k,
+                storage: Storage::Interleaved(packed),
+                order: None,
+            };
+        }
+        self
     }
 
-    /// Row `r`'s bytes.
+    /// Whether the weights are regrouped (see [`GgmlMatrix::interleaved_for_this_cpu`]).
+    pub fn is_interleaved(&self) -> bool {
+        matches!(self.storage, Storage::Interleaved(_))
+    }
+
+    /// Bytes the weights take.
+    pub fn nbytes(&self) -> usize {
+        match &self.storage {
+            Storage::Rows(bytes) => bytes.len,
+            Storage::Interleaved(m) => m.nbytes(),
+        }
+    }
+
+    /// Row `r`'s bytes, of a matrix stored row after row (a regrouped one has no row of its own:
+    /// see [`GgmlMatrix::dequantize_rows`]).
     pub fn row(&self, r: usize) -> &[u8] {
+        let Storage::Rows(bytes) = &self.storage else {
+            panic!("a regrouped matrix has no stored rows");
+        };
         let r = self.order.as_ref().map_or(r, |o| o[r] as usize);
         let len = self.kind.row_bytes(self.k);
-        &self.bytes.as_slice()[r * len..(r + 1) * len]
+        &bytes.as_slice()[r * len..(r + 1) * len]
     }
 
     /// Rows `rows` as f32, `[rows.len(), k]` into `out`.
     pub fn dequantize_rows(&self, rows: Range<usize>, out: &mut [f32]) {
         assert!(rows.end <= self.n, "rows out of range");
         assert_eq!(out.len(), rows.len() * self.k, "output length");
+        if let Storage::Interleaved(m) = &self.storage {
+            return m.dequantize_rows(rows, out);
+        }
         for (r, dst) in rows.zip(out.chunks_exact_mut(self.k)) {
             dequant::dequantize_row_fast(self.kind, self.row(r), dst);
         }
@@ -184,6 +231,10 @@ impl GgmlMatrix {
             acts::act_form(self.kind),
             "activations in the weights' form"
         );
+        #[cfg(target_arch = "x86_64")]
+        if let Storage::Interleaved(m) = &self.storage {
+            return dot_interleaved::rows_tokens(m, rows, std::slice::from_ref(a), out);
+        }
         #[cfg(target_arch = "x86_64")]
         if crate::isa::avx2() {
             // SAFETY: the CPU has AVX2, FMA and F16C (the level includes them), and AVX-512 VNNI where
@@ -221,6 +272,10 @@ impl GgmlMatrix {
             acts::act_form(self.kind),
             "activations in the weights' form"
         );
+        #[cfg(target_arch = "x86_64")]
+        if let Storage::Interleaved(m) = &self.storage {
+            return dot_interleaved::rows_tokens(m, rows, &acts.rows, out);
+        }
         #[cfg(target_arch = "x86_64")]
         if crate::isa::avx2() && dot_tokens::takes(self.kind) && !acts.groups.is_empty() {
             // SAFETY: the CPU has what each kernel names (the levels include AVX2, FMA and F16C;

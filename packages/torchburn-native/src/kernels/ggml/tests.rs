@@ -6,6 +6,8 @@ use half::{bf16, f16};
 
 use super::acts::{act_form, quantize_for, TokenActs};
 use super::blocks::{dequantize_row, GgmlType};
+#[cfg(target_arch = "x86_64")]
+use super::Storage;
 use super::{dot, GgmlMatrix, WeightBytes};
 use crate::kernels::testing::{centered, uniform};
 
@@ -270,4 +272,130 @@ fn wrong_sizes_are_refused() {
     assert!(err.contains("takes 136 bytes"), "{err}");
     assert!(GgmlMatrix::new(GgmlType::Q8_0, 0, 64, bytes(0)).is_err());
     assert!(GgmlMatrix::new(GgmlType::Q4_0, 1, 32, bytes(18)).is_ok());
+}
+
+/// The regrouped copy of `matrix(kind, n, k, seed)`, with its rows read in a shuffled order.
+#[cfg(target_arch = "x86_64")]
+fn regrouped_pair(kind: GgmlType, n: usize, k: usize, seed: u64) -> (GgmlMatrix, GgmlMatrix) {
+    let order: Vec<u32> = (0..n as u32).map(|r| (r * 7 + 3) % n as u32).collect();
+    let rows = || {
+        matrix(kind, n, k, seed)
+            .with_row_order(order.clone())
+            .unwrap()
+    };
+    (rows(), rows().interleaved_for_this_cpu())
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn regrouped_products_match_the_dequantized_product_on_every_kernel() {
+    use super::dot_interleaved::{rows_tokens_ymm, rows_tokens_zmm, rows_tokens_zmm_vnni, takes};
+    // 37 rows: two whole groups and one of five; ranges that start and end inside groups
+    let (n, k) = (37, 320);
+    for kind in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        if !takes(kind) {
+            continue;
+        }
+        let (rows, m) = regrouped_pair(kind, n, k, 21);
+        assert!(m.is_interleaved() && !rows.is_interleaved());
+        let Storage::Interleaved(packed) = &m.storage else {
+            unreachable!()
+        };
+        let x = centered(17 * k, 31);
+        for tokens in [1, 2, 5, 8, 9, 17] {
+            let acts = TokenActs::quantize(act_form(kind), &x[..tokens * k], tokens);
+            for range in [0..n, 3..29, 17..18, 30..37] {
+                let len = range.len();
+                let mut out = vec![0f32; tokens * len];
+                m.rows_tokens_into(range.clone(), &acts, &mut out);
+                for t in 0..tokens {
+                    let xt = &x[t * k..(t + 1) * k];
+                    let alone = m.row_dot(range.start, &acts.rows[t]);
+                    assert_eq!(out[t * len].to_bits(), alone.to_bits(), "a token alone");
+                    for r in range.clone() {
+                        let (exact, size) = reference(&rows, r, xt);
+                        let got = out[t * len + r - range.start] as f64;
+                        assert!(
+                            (got - exact).abs() <= 2e-6 * size + 1e-12,
+                            "{} {tokens} tokens: token {t} row {r}: {got} against {exact}",
+                            kind.name()
+                        );
+                    }
+                }
+                // every kernel this CPU runs gives the same bits (the same operations per lane)
+                let mut other = vec![0f32; out.len()];
+                // SAFETY: each runs only where the CPU has its features; forms checked above
+                unsafe {
+                    if crate::isa::avx512() {
+                        rows_tokens_zmm(packed, range.clone(), &acts.rows, &mut other);
+                        assert_eq!(other, out, "{} without VNNI", kind.name());
+                        if super::vnni() {
+                            rows_tokens_zmm_vnni(packed, range.clone(), &acts.rows, &mut other);
+                            assert_eq!(other, out, "{} with VNNI", kind.name());
+                        }
+                    }
+                    if kind != GgmlType::Q8_0 {
+                        rows_tokens_ymm(packed, range.clone(), &acts.rows, &mut other);
+                        assert_eq!(other, out, "{} on AVX2 registers", kind.name());
+                    }
+                }
+            }
+        }
+        // the whole product through the matmul, and dequantized rows as the stored ones give them
+        let mut out = vec![0f32; 3 * n];
+        m.matmul(&x[..3 * k], 3, &mut out);
+        let mut want = vec![0f32; 3 * n];
+        let acts = TokenActs::quantize(act_form(kind), &x[..3 * k], 3);
+        for t in 0..3 {
+            m.rows_into(0..n, &acts.rows[t], &mut want[t * n..(t + 1) * n]);
+        }
+        assert_eq!(out, want, "{} matmul", kind.name());
+        for range in [0..n, 5..33, 12..24, 36..37] {
+            let len = range.len() * k;
+            let (mut a, mut b) = (vec![0f32; len], vec![1f32; len]);
+            rows.dequantize_rows(range.clone(), &mut a);
+            m.dequantize_rows(range.clone(), &mut b);
+            let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let (a, b) = (bits(a), bits(b));
+            assert_eq!(a, b, "{} rows {range:?} dequantized", kind.name());
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn regrouped_extreme_blocks_do_not_saturate() {
+    // every integer at its largest magnitude, activations all ±127: the widest int16 and int32 sums
+    let k = 256;
+    for kind in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        if !super::dot_interleaved::takes(kind) {
+            continue;
+        }
+        for fill in [0x00u8, 0xFF, 0x80, 0x7F] {
+            let mut bytes = vec![fill; 16 * kind.row_bytes(k)];
+            for block in bytes.chunks_exact_mut(kind.block_bytes()) {
+                for &at in half_fields(kind) {
+                    block[at..at + 2].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
+                }
+            }
+            let rows = GgmlMatrix::new(kind, 16, k, WeightBytes::owned(bytes)).unwrap();
+            let (rows, m) = (
+                GgmlMatrix::new(kind, 16, k, WeightBytes::owned(rows.row(0).repeat(16))).unwrap(),
+                rows.interleaved_for_this_cpu(),
+            );
+            for sign in [1.0f32, -1.0] {
+                let x = vec![sign; k];
+                let a = quantize_for(kind, &x);
+                let (exact, size) = reference(&rows, 0, &x);
+                for r in 0..16 {
+                    let got = m.row_dot(r, &a) as f64;
+                    assert!(
+                        (got - exact).abs() <= 2e-6 * size + 1e-9,
+                        "{} filled with {fill:#x}, x = {sign}: {got} against {exact}",
+                        kind.name()
+                    );
+                }
+            }
+        }
+    }
 }
