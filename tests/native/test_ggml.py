@@ -7,8 +7,9 @@ block is well formed). Products of a few tokens (decode) are checked against the
 times the activations quantized as the kernels quantize them (int8 per block of 32, or of 256 for the
 K-quants, int16 per block of 32 for ``Q8_0``), in f64: that isolates the kernels, whose integer sums
 are exact, from the activation rounding. From 8 tokens on (a prompt) products take the activations
-as they are, against rows dequantized once. CI runs this module at every ``TORCHBURN_ISA`` level the
-machine has.
+as they are, against rows dequantized once, except where the matrix was regrouped for the CPU's
+kernels (``regrouped``), which take every prompt as a decode step does. CI runs this module at every
+``TORCHBURN_ISA`` level the machine has.
 """
 
 from __future__ import annotations
@@ -57,11 +58,12 @@ def _matrix(kind: str, n: int, k: int, seed: int = 0) -> tuple[ggml.GgmlMatrix, 
 PREFILL_TOKENS = 8  # from this many tokens on, products take f32 activations
 
 
-def _as_kernels_see(kind: str, x: np.ndarray) -> np.ndarray:
+def _as_kernels_see(kind: str, x: np.ndarray, regrouped: bool = False) -> np.ndarray:
     """``x`` [T, k] as the products read it: integers per block (f32 arithmetic, halves away from zero).
     A prompt (``PREFILL_TOKENS`` or more) multiplies f32 activations, except the K-quants with integer
-    prompt tiles, whose activations are int8 per block of 32 there."""
-    prompt = x.shape[0] >= PREFILL_TOKENS
+    prompt tiles, whose activations are int8 per block of 32 there, and regrouped matrices, which take
+    it as they take a decode step."""
+    prompt = x.shape[0] >= PREFILL_TOKENS and not regrouped
     if kind in ("F32", "F16", "BF16") or (prompt and kind not in K_QUANTS):
         return x.astype(np.float64)
     block = 256 if kind in K_QUANTS + PORTABLE_K_QUANTS and not prompt else 32
@@ -91,7 +93,7 @@ def test_matmul_matches_dequantized_product(kind: str, tokens: int) -> None:
     m, dense = _matrix(kind, n, k, seed=tokens)
     x = torch.randn(tokens, k)
     got = ggml.matmul(m, x).numpy().astype(np.float64)
-    seen = _as_kernels_see(kind, x.numpy())
+    seen = _as_kernels_see(kind, x.numpy(), m.regrouped)
     want = seen @ dense.astype(np.float64).T
     size = np.abs(seen) @ np.abs(dense.astype(np.float64)).T
     assert np.all(np.abs(got - want) <= 2e-6 * size + 1e-9), float(np.max(np.abs(got - want) / (size + 1e-30)))
@@ -138,3 +140,15 @@ def test_bad_inputs_are_refused_with_what_is_allowed() -> None:
     assert ggml.row_bytes("Q4_K", 512) == 288
     with pytest.raises(ValueError, match="whole blocks"):
         ggml.row_bytes("Q6_K", 100)
+
+
+@pytest.mark.parametrize("kind", ggml.TYPES)
+def test_regrouped_where_the_level_has_kernels(kind: str) -> None:
+    # Q4_0 and Q4_1 from AVX2 up, Q8_0 with AVX-512 (x86 only); and the product still matches
+    from torchburn_native import _native
+
+    level = _native.isa()
+    want = (kind in ("Q4_0", "Q4_1") and level in ("avx2", "avx512")) or (kind == "Q8_0" and level == "avx512")
+    m, dense = _matrix(kind, 20, 256)
+    assert m.regrouped == want
+    np.testing.assert_allclose(ggml.dequantize(m).numpy(), dense, rtol=1e-6, atol=1e-7)

@@ -111,7 +111,9 @@ fn main() {
     let mut values = keys.clone();
     let mut logits = vec![vec![0f32; vocab]; most];
     let mut best = vec![f64::INFINITY; sizes.len()];
-    for _ in 0..10 {
+    // more rounds (BATCH_BENCH_ROUNDS) make a steady state long enough to profile
+    let rounds: usize = std::env::var("BATCH_BENCH_ROUNDS").map_or(10, |s| s.parse().unwrap());
+    for _ in 0..rounds {
         for (i, &b) in sizes.iter().enumerate() {
             let ios: Vec<CacheIo> = (0..b)
                 .map(|s| CacheIo {

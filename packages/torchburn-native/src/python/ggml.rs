@@ -81,6 +81,14 @@ impl GgmlMatrix {
         self.inner.nbytes()
     }
 
+    /// Whether the weights were regrouped sixteen rows to a register for this CPU's kernels (Q4_0,
+    /// Q4_1 from AVX2 up, Q8_0 with AVX-512): then every product, a prompt's too, takes quantized
+    /// activations.
+    #[getter]
+    fn regrouped(&self) -> bool {
+        self.inner.is_interleaved()
+    }
+
     /// Rows `start..start + count` as f32 into the `count · k` floats at `out`.
     fn dequantize_into(
         &self,
