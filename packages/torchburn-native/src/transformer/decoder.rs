@@ -22,6 +22,7 @@ use torchburn_native_macros::isa_versions;
 
 use super::project::project_tokens;
 use crate::kernels::ggml::GgmlMatrix;
+use crate::kernels::lanes::{max16, sum16};
 use crate::kernels::math::{exp_f32, gelu_tanh_f32, tanh_f32};
 use crate::kernels::quant::QMatrix;
 use crate::threads;
@@ -488,12 +489,12 @@ pub(super) fn attend(
     if let Some(cap) = scoring.softcap {
         soft_cap(scores, cap);
     }
-    let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+    let max = max16(scores);
     // exp in a loop of its own, so that it vectorizes; the sum after it
     for s in scores.iter_mut() {
         *s = exp_f32(*s - max);
     }
-    let total: f32 = scores.iter().sum();
+    let total = sum16(scores);
     for s in scores.iter_mut() {
         *s /= total;
     }

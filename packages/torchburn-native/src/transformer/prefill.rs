@@ -18,6 +18,7 @@ use super::decoder::{
 };
 use super::project::project_tokens;
 use crate::kernels::gemm::{gemm, Mat, MatMut};
+use crate::kernels::lanes::{max16, sum16};
 use crate::kernels::math::exp_f32;
 use crate::kernels::qprefill::{self, RowSource};
 use crate::threads::{self, SendPtr};
@@ -329,11 +330,11 @@ fn softmax_visible(row: &mut [f32], lo: usize, hi: usize) {
     let (visible, after) = rest.split_at_mut(hi - lo);
     before.fill(0.0);
     after.fill(0.0);
-    let max = visible.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+    let max = max16(visible);
     for s in visible.iter_mut() {
         *s = exp_f32(*s - max);
     }
-    let inv = 1.0 / visible.iter().sum::<f32>();
+    let inv = 1.0 / sum16(visible);
     for s in visible.iter_mut() {
         *s *= inv;
     }
