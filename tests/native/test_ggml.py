@@ -15,6 +15,8 @@ kernels (``regrouped``), which take every prompt as a decode step does. CI runs 
 from __future__ import annotations
 
 import gc
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -152,3 +154,33 @@ def test_regrouped_where_the_level_has_kernels(kind: str) -> None:
     m, dense = _matrix(kind, 20, 256)
     assert m.regrouped == want
     np.testing.assert_allclose(ggml.dequantize(m).numpy(), dense, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="resident memory read from /proc (Linux)")
+def test_a_file_mapped_matrix_holds_its_weights_once(tmp_path: Path) -> None:
+    # a regrouped matrix copies its weights; lent from a read-only file map it hands the map's pages
+    # back, so the process holds them once (and the file still reads as written)
+    def resident_bytes() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+    n, k = 16384, 4096  # Q4_0: 36 MiB
+    rng = np.random.default_rng(7)
+    raw = rng.integers(0, 256, (n, k // 32, 18), dtype=np.uint8)
+    raw[:, :, 0:2] = rng.uniform(0.001, 0.05, (n, k // 32)).astype(np.float16)[..., None].view(np.uint8)
+    raw = raw.reshape(n, -1)
+    path = tmp_path / "weights.bin"
+    raw.tofile(path)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    with np.errstate(all="ignore"), pytest.warns(UserWarning, match="not writable"):
+        data = torch.from_numpy(mapped)
+    before = resident_bytes()
+    m = ggml.lend("Q4_0", data, n, k, file_mapped=True)
+    grown = resident_bytes() - before
+    assert grown < 1.4 * raw.nbytes, (grown, raw.nbytes, m.regrouped)
+    rows = slice(n - 5, n)
+    want = quants.dequantize(raw[rows], GGMLQuantizationType.Q4_0).reshape(5, k)
+    np.testing.assert_allclose(ggml.dequantize(m, rows).numpy(), want, rtol=1e-6, atol=1e-7)
+    assert np.array_equal(np.asarray(mapped[: 1 << 20]), raw.reshape(-1)[: 1 << 20])
+    del m, data, mapped
+    gc.collect()

@@ -405,7 +405,8 @@ class GGUFCheckpoint:
             # the map is read-only and so is every use of the tensor: the kernels only read it
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             data = torch.from_numpy(raw).reshape(-1)
-        return lend(kind.name, data, n, k, order)
+        # a view of the file's read-only map: its pages go back once a regrouped copy holds them
+        return lend(kind.name, data, n, k, order, file_mapped=True)
 
     def _raw(self, name: str) -> tuple[Any, np.ndarray]:
         """The tensor's GGUF type and its bytes, [rows, bytes per row] (a row: the fastest dimension)."""

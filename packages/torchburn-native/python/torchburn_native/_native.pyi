@@ -61,10 +61,18 @@ class GgmlMatrix:
 
     @staticmethod
     def lend(
-        kind: str, ptr: int, nbytes: int, n: int, k: int, owner: object, order: list[int] | None = None
+        kind: str,
+        ptr: int,
+        nbytes: int,
+        n: int,
+        k: int,
+        owner: object,
+        order: list[int] | None = None,
+        file_mapped: bool = False,
     ) -> GgmlMatrix:
         """``nbytes`` bytes at ``ptr`` that ``owner`` keeps readable and unchanged (the matrix holds it);
-        with ``order``, row r is read from stored row ``order[r]``."""
+        with ``order``, row r is read from stored row ``order[r]``. ``file_mapped``: the bytes are a view
+        of a read-only file mapping, whose pages are handed back once the weights are regrouped."""
     @staticmethod
     def block_size(kind: str) -> tuple[int, int]:
         """(elements, bytes) of one block of ``kind``."""

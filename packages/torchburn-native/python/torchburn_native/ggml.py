@@ -31,10 +31,23 @@ def row_bytes(kind: str, k: int) -> int:
     return k // elements * nbytes
 
 
-def lend(kind: str, data: torch.Tensor, n: int, k: int, order: Sequence[int] | None = None) -> GgmlMatrix:
+def lend(
+    kind: str,
+    data: torch.Tensor,
+    n: int,
+    k: int,
+    order: Sequence[int] | None = None,
+    *,
+    file_mapped: bool = False,
+) -> GgmlMatrix:
     """The matrix [n, k] of type ``kind`` whose rows are the bytes of ``data`` (a contiguous uint8 CPU
     tensor, held by the matrix and read in place: it must not change while the matrix lives); with
-    ``order`` (a permutation of ``range(n)``), row r is stored row ``order[r]``."""
+    ``order`` (a permutation of ``range(n)``), row r is stored row ``order[r]``.
+
+    Where the CPU's kernels take the type regrouped (``GgmlMatrix.regrouped``), the matrix copies the
+    bytes into that layout instead. ``file_mapped=True`` says ``data`` is a view of a read-only file
+    mapping (``mmap``): its pages are then handed back once copied, so that the model holds its weights
+    once. Never pass it for memory of one's own: the pages handed back would read as zeros."""
     from .transformer import ensure_threads
 
     if data.dtype != torch.uint8 or data.device.type != "cpu" or not data.is_contiguous():
@@ -44,7 +57,7 @@ def lend(kind: str, data: torch.Tensor, n: int, k: int, order: Sequence[int] | N
         )
     ensure_threads()
     rows = None if order is None else [int(r) for r in order]
-    return GgmlMatrix.lend(kind, data.data_ptr(), data.numel(), n, k, data, rows)
+    return GgmlMatrix.lend(kind, data.data_ptr(), data.numel(), n, k, data, rows, file_mapped)
 
 
 def dequantize(m: GgmlMatrix, rows: slice | None = None) -> torch.Tensor:

@@ -29,9 +29,11 @@ fn type_named(kind: &str) -> PyResult<GgmlType> {
 impl GgmlMatrix {
     /// The `nbytes` bytes at `ptr`, `n` rows of `k` elements of `kind`, which `owner` keeps readable
     /// and unchanged for as long as it lives (the matrix holds it); with `order`, row `r` is read
-    /// from stored row `order[r]`.
+    /// from stored row `order[r]`. `file_mapped`: the bytes are a view of a read-only file mapping,
+    /// whose pages are handed back once the weights are regrouped into memory of their own.
     #[staticmethod]
-    #[pyo3(signature = (kind, ptr, nbytes, n, k, owner, order=None))]
+    #[pyo3(signature = (kind, ptr, nbytes, n, k, owner, order=None, file_mapped=false))]
+    #[allow(clippy::too_many_arguments)]
     fn lend(
         py: Python<'_>,
         kind: &str,
@@ -41,6 +43,7 @@ impl GgmlMatrix {
         k: usize,
         owner: Py<PyAny>,
         order: Option<Vec<u32>>,
+        file_mapped: bool,
     ) -> PyResult<Self> {
         let kind = type_named(kind)?;
         if ptr == 0 {
@@ -53,7 +56,14 @@ impl GgmlMatrix {
             inner = inner.with_row_order(order).map_err(PyValueError::new_err)?;
         }
         // regrouping copies the weights: the caller's lock is let go meanwhile
-        let inner = py.detach(move || inner.interleaved_for_this_cpu());
+        let inner = py.detach(move || {
+            if file_mapped {
+                // SAFETY: the caller says the bytes are a read-only file mapping's
+                unsafe { inner.interleaved_from_file() }
+            } else {
+                inner.interleaved_for_this_cpu()
+            }
+        });
         Ok(GgmlMatrix {
             inner: Arc::new(inner),
         })

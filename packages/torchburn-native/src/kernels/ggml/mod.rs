@@ -177,6 +177,26 @@ impl GgmlMatrix {
         self
     }
 
+    /// [`GgmlMatrix::interleaved_for_this_cpu`] for weights lent from a read-only file mapping: once
+    /// regrouped, the lent range's whole pages are handed back to the kernel (`MADV_DONTNEED`: a
+    /// file page read again comes back from the file), so that a loaded model holds its weights once,
+    /// not as the file's pages and their regrouped copy.
+    ///
+    /// # Safety
+    /// The lent bytes must be a view of a read-only file mapping (never of anonymous memory, whose
+    /// pages `MADV_DONTNEED` would zero).
+    pub unsafe fn interleaved_from_file(self) -> GgmlMatrix {
+        let lent = match &self.storage {
+            Storage::Rows(bytes) => (bytes.ptr as usize, bytes.len),
+            Storage::Interleaved(_) => return self,
+        };
+        let m = self.interleaved_for_this_cpu();
+        if m.is_interleaved() {
+            release_pages(lent.0, lent.1);
+        }
+        m
+    }
+
     /// Whether the weights are regrouped (see [`GgmlMatrix::interleaved_for_this_cpu`]).
     pub fn is_interleaved(&self) -> bool {
         matches!(self.storage, Storage::Interleaved(_))
@@ -313,6 +333,28 @@ impl GgmlMatrix {
             self.rows_tokens_into(rows, &quantized, got)
         });
     }
+}
+
+/// Hands the whole pages inside `start..start + len` back to the kernel.
+///
+/// # Safety
+/// The range must be a read-only file mapping that nothing reads again but through the mapping.
+unsafe fn release_pages(start: usize, len: usize) {
+    #[cfg(unix)]
+    {
+        let page = match libc::sysconf(libc::_SC_PAGESIZE) {
+            p if p > 0 => p as usize,
+            _ => return,
+        };
+        let lo = start.next_multiple_of(page);
+        let hi = (start + len) / page * page;
+        if hi > lo {
+            // a hint: if the kernel refuses it, the pages stay (memory, not correctness)
+            libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_DONTNEED);
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (start, len);
 }
 
 /// Whether the CPU has AVX-512 VNNI (with VL, which the 256-bit `vpdpbusd` needs).
