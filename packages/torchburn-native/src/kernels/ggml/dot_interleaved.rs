@@ -188,6 +188,37 @@ unsafe fn four_x8(x: *const i8, b: usize, j: usize) -> __m512i {
     _mm512_set1_epi32((x.add(32 * b + 4 * j) as *const i32).read_unaligned())
 }
 
+/// A group's three regions (see [`super::interleaved`]): integers, scales, and Q4_1's offsets (for the
+/// other types, where that region would start).
+#[inline(always)]
+unsafe fn regions(group: *const u8, blocks: usize, kind: GgmlType) -> [*const u8; 3] {
+    let scales = group.add(blocks * quant_bytes(kind));
+    [group, scales, scales.add(blocks * 2 * LANES)]
+}
+
+/// Each token's per-block activation scale `dx` and `dx · Σ q`, read once per block by the kernels.
+struct TokenScales<const N: usize> {
+    dx: [*const f32; N],
+    dsum: [*const f32; N],
+}
+
+impl<const N: usize> TokenScales<N> {
+    fn of(tokens: &[Acts]) -> TokenScales<N> {
+        TokenScales {
+            dx: std::array::from_fn(|t| tokens[t].d.as_ptr()),
+            dsum: std::array::from_fn(|t| tokens[t].dsum.as_ptr()),
+        }
+    }
+}
+
+/// Each token's sixteen row sums into its row of `values`.
+#[inline(always)]
+unsafe fn store_zmm<const N: usize>(acc: [__m512; N], values: &mut [[f32; LANES]; PASS]) {
+    for (a, v) in acc.iter().zip(values.iter_mut()) {
+        _mm512_storeu_ps(v.as_mut_ptr(), *a);
+    }
+}
+
 /// Sixteen rows of a 4-bit type (`OFFSET`: Q4_1's stored offset, else Q4_0's `-8 · d`) against `N`
 /// tokens: `values[t][i]` is row `i` times token `t`.
 #[inline(always)]
@@ -197,12 +228,9 @@ unsafe fn zmm_group4<const OFFSET: bool, const VNNI: bool, const N: usize>(
     tokens: &[Acts],
     values: &mut [[f32; LANES]; PASS],
 ) {
-    let quants = group;
-    let scales = group.add(blocks * quant_bytes(GgmlType::Q4_0));
-    let offsets = scales.add(blocks * 2 * LANES);
+    let [quants, scales, offsets] = regions(group, blocks, GgmlType::Q4_0);
     let x: [*const i8; N] = std::array::from_fn(|t| tokens[t].q.as_ptr());
-    let dx: [*const f32; N] = std::array::from_fn(|t| tokens[t].d.as_ptr());
-    let dsum: [*const f32; N] = std::array::from_fn(|t| tokens[t].dsum.as_ptr());
+    let TokenScales { dx, dsum } = TokenScales::<N>::of(tokens);
     let low = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); N];
     for b in 0..blocks {
@@ -241,9 +269,7 @@ unsafe fn zmm_group4<const OFFSET: bool, const VNNI: bool, const N: usize>(
             acc[t] = _mm512_fmadd_ps(c, _mm512_set1_ps(*dsum[t].add(b)), acc[t]);
         }
     }
-    for t in 0..N {
-        _mm512_storeu_ps(values[t].as_mut_ptr(), acc[t]);
-    }
+    store_zmm(acc, values);
 }
 
 /// Sixteen rows of Q8_0 against `N` tokens in the int16 form: each chunk widened once to an int16
@@ -255,10 +281,9 @@ unsafe fn zmm_group8<const VNNI: bool, const N: usize>(
     tokens: &[Acts],
     values: &mut [[f32; LANES]; PASS],
 ) {
-    let quants = group;
-    let scales = group.add(blocks * quant_bytes(GgmlType::Q8_0));
+    let [quants, scales, _] = regions(group, blocks, GgmlType::Q8_0);
     let x: [*const i16; N] = std::array::from_fn(|t| tokens[t].q16.as_ptr());
-    let dx: [*const f32; N] = std::array::from_fn(|t| tokens[t].d.as_ptr());
+    let dx = TokenScales::<N>::of(tokens).dx;
     let mut acc = [_mm512_setzero_ps(); N];
     for b in 0..blocks {
         let d = _mm512_cvtph_ps(_mm256_load_si256(scales.add(b * 32) as *const __m256i));
@@ -284,9 +309,7 @@ unsafe fn zmm_group8<const VNNI: bool, const N: usize>(
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale, acc[t]);
         }
     }
-    for t in 0..N {
-        _mm512_storeu_ps(values[t].as_mut_ptr(), acc[t]);
-    }
+    store_zmm(acc, values);
 }
 
 /// Sixteen rows of a 4-bit type against `N` tokens on AVX2: each half of the group (eight rows, a
@@ -298,12 +321,9 @@ unsafe fn ymm_group4<const OFFSET: bool, const N: usize>(
     tokens: &[Acts],
     values: &mut [[f32; LANES]; PASS],
 ) {
-    let quants = group;
-    let scales = group.add(blocks * quant_bytes(GgmlType::Q4_0));
-    let offsets = scales.add(blocks * 2 * LANES);
+    let [quants, scales, offsets] = regions(group, blocks, GgmlType::Q4_0);
     let x: [*const i8; N] = std::array::from_fn(|t| tokens[t].q.as_ptr());
-    let dx: [*const f32; N] = std::array::from_fn(|t| tokens[t].d.as_ptr());
-    let dsum: [*const f32; N] = std::array::from_fn(|t| tokens[t].dsum.as_ptr());
+    let TokenScales { dx, dsum } = TokenScales::<N>::of(tokens);
     let low = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     let four = |x: *const i8, b: usize, j: usize| {
