@@ -7,15 +7,15 @@ block is well formed). Products of a few tokens (decode) are checked against the
 times the activations quantized as the kernels quantize them (int8 per block of 32, or of 256 for the
 K-quants, int16 per block of 32 for ``Q8_0``), in f64: that isolates the kernels, whose integer sums
 are exact, from the activation rounding. From 8 tokens on (a prompt) products take the activations
-as they are, against rows dequantized once, except where the matrix was regrouped for the CPU's
-kernels (``regrouped``), which take every prompt as a decode step does. CI runs this module at every
-``TORCHBURN_ISA`` level the machine has.
+as they are, against rows dequantized once. CI runs this module at every ``TORCHBURN_ISA`` level the
+machine has.
 """
 
 from __future__ import annotations
 
 import gc
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -60,12 +60,11 @@ def _matrix(kind: str, n: int, k: int, seed: int = 0) -> tuple[ggml.GgmlMatrix, 
 PREFILL_TOKENS = 8  # from this many tokens on, products take f32 activations
 
 
-def _as_kernels_see(kind: str, x: np.ndarray, regrouped: bool = False) -> np.ndarray:
+def _as_kernels_see(kind: str, x: np.ndarray) -> np.ndarray:
     """``x`` [T, k] as the products read it: integers per block (f32 arithmetic, halves away from zero).
     A prompt (``PREFILL_TOKENS`` or more) multiplies f32 activations, except the K-quants with integer
-    prompt tiles, whose activations are int8 per block of 32 there, and regrouped matrices, which take
-    it as they take a decode step."""
-    prompt = x.shape[0] >= PREFILL_TOKENS and not regrouped
+    prompt tiles, whose activations are int8 per block of 32 there."""
+    prompt = x.shape[0] >= PREFILL_TOKENS
     if kind in ("F32", "F16", "BF16") or (prompt and kind not in K_QUANTS):
         return x.astype(np.float64)
     block = 256 if kind in K_QUANTS + PORTABLE_K_QUANTS and not prompt else 32
@@ -95,7 +94,7 @@ def test_matmul_matches_dequantized_product(kind: str, tokens: int) -> None:
     m, dense = _matrix(kind, n, k, seed=tokens)
     x = torch.randn(tokens, k)
     got = ggml.matmul(m, x).numpy().astype(np.float64)
-    seen = _as_kernels_see(kind, x.numpy(), m.regrouped)
+    seen = _as_kernels_see(kind, x.numpy())
     want = seen @ dense.astype(np.float64).T
     size = np.abs(seen) @ np.abs(dense.astype(np.float64)).T
     assert np.all(np.abs(got - want) <= 2e-6 * size + 1e-9), float(np.max(np.abs(got - want) / (size + 1e-30)))
@@ -172,7 +171,9 @@ def test_a_file_mapped_matrix_holds_its_weights_once(tmp_path: Path) -> None:
     path = tmp_path / "weights.bin"
     raw.tofile(path)
     mapped = np.memmap(path, dtype=np.uint8, mode="r")
-    with np.errstate(all="ignore"), pytest.warns(UserWarning, match="not writable"):
+    with warnings.catch_warnings():
+        # the map is read-only, and so is every use the matrix makes of it
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         data = torch.from_numpy(mapped)
     before = resident_bytes()
     m = ggml.lend("Q4_0", data, n, k, file_mapped=True)

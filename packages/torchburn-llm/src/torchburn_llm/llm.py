@@ -27,6 +27,14 @@ from .tokenizer import begins_with, check_vocabulary
 from .tokenizer import from_folder as tokenizer_from_folder
 
 
+# A reused prefix still reruns the prompt's last this-many tokens (all of a shorter prompt): they then
+# take the prompt path's arithmetic (from 8 tokens on, the native prompt kernels) and give the logits a
+# fresh prompt gives, bit for bit. Running only the last token takes the decode step's arithmetic
+# instead, whose rounding differs; where a model's top two tokens are that close, an answer would
+# change with whether its prefix was cached.
+PROMPT_TAIL = 8
+
+
 class Session:
     """A KV cache plus the ids it holds: a new prompt that starts with them (the next turn of a chat,
     the same system prompt) only runs its new tokens."""
@@ -43,7 +51,7 @@ class Session:
             if a != b:
                 break
             same += 1
-        same = min(same, len(prompt) - 1)  # at least one token runs, for its logits
+        same = max(0, min(same, len(prompt) - PROMPT_TAIL))  # see PROMPT_TAIL
         self.cache.reset(same)
         self.ids = list(prompt[:same])
         return self.step(prompt[same:])

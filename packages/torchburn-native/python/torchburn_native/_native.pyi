@@ -85,8 +85,7 @@ class GgmlMatrix:
     @property
     def regrouped(self) -> bool:
         """Whether the weights were regrouped sixteen rows to a register for this CPU's kernels (Q4_0,
-        Q4_1 from AVX2 up, Q8_0 with AVX-512): then every product, a prompt's too, takes quantized
-        activations."""
+        Q4_1 from AVX2 up, Q8_0 with AVX-512)."""
     def dequantize_into(self, start: int, count: int, out: int) -> None: ...
     def matmul_into(self, x: int, tokens: int, out: int) -> None: ...
 

@@ -92,8 +92,7 @@ impl GgmlMatrix {
     }
 
     /// Whether the weights were regrouped sixteen rows to a register for this CPU's kernels (Q4_0,
-    /// Q4_1 from AVX2 up, Q8_0 with AVX-512): then every product, a prompt's too, takes quantized
-    /// activations.
+    /// Q4_1 from AVX2 up, Q8_0 with AVX-512).
     #[getter]
     fn regrouped(&self) -> bool {
         self.inner.is_interleaved()

@@ -16,7 +16,6 @@ use super::decoder::{
     add_into, rms_norm, rms_norm_in_place, rotate, scale_in_place, slice, soft_cap, CacheIo,
     Decoder, Projection, Scoring, Weight,
 };
-use super::project::project_tokens;
 use crate::kernels::gemm::{gemm, Mat, MatMut};
 use crate::kernels::lanes::{max16, sum16};
 use crate::kernels::math::exp_f32;
@@ -233,26 +232,6 @@ impl Decoder {
 /// biases added: quantized and GGUF-typed weights through [`qprefill::matmul_sources`] (one call
 /// for all of them when none is f32), f32 weights through the GEMM.
 fn project_rows(ps: &[&Projection], x: &[f32], tokens: usize, outs: &mut [&mut [f32]]) {
-    // regrouped GGUF matrices take the prompt on their integer kernels, which cost less than the
-    // f32 tiles at every prompt length measured (see `GgmlMatrix::matmul`); the rest below
-    let regrouped = |p: &Projection| matches!(&p.w, Weight::Ggml(m) if m.is_interleaved());
-    if ps.iter().any(|p| regrouped(p)) {
-        let (mut fast, mut fast_outs, mut rest, mut rest_outs) = (vec![], vec![], vec![], vec![]);
-        for (p, out) in ps.iter().zip(outs.iter_mut()) {
-            if regrouped(p) {
-                fast.push(*p);
-                fast_outs.push(&mut **out);
-            } else {
-                rest.push(*p);
-                rest_outs.push(&mut **out);
-            }
-        }
-        project_tokens(&fast, x, tokens, &mut fast_outs);
-        if !rest.is_empty() {
-            project_rows(&rest, x, tokens, &mut rest_outs);
-        }
-        return;
-    }
     let quantized: Option<Vec<&dyn RowSource>> = ps
         .iter()
         .map(|p| match &p.w {

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from torchburn_llm.llm import LLM
+from torchburn_llm.llm import LLM, PROMPT_TAIL
 from torchburn_llm.model import KVCache
 from torchburn_llm.sampling import Sampler, SamplingParams
 from torchburn_llm.streaming import TextStream
@@ -231,7 +231,7 @@ class Engine:
         need = len(job.prompt) + job.max_tokens
         capacity = min(self.llm.config.max_position, -(-need // CACHE_GRANULE) * CACHE_GRANULE)
         cache, reused = self._cache_for(job.prompt, capacity)
-        reused = min(reused, len(job.prompt) - 1)  # at least one token runs, for its logits
+        reused = max(0, min(reused, len(job.prompt) - PROMPT_TAIL))  # the answer a fresh prompt gets
         cache.reset(reused)
         logits = self.model.forward(torch.tensor(job.prompt[reused:]), cache, last_only=True)[-1]
         tokenizer = self.llm.tokenizer

@@ -322,9 +322,7 @@ impl GgmlMatrix {
         let (n, k) = (self.n, self.k);
         assert_eq!(x.len(), tokens * k, "input length");
         assert_eq!(out.len(), tokens * n, "output length");
-        // a regrouped matrix takes any number of tokens on its integer kernels, which cost less than
-        // the f32 tiles at every prompt length measured (up to 512 tokens, AVX2 and AVX-512)
-        if tokens >= super::qprefill::MIN_TOKENS && !self.is_interleaved() {
+        if tokens >= super::qprefill::MIN_TOKENS {
             // many tokens against the same rows: dequantized rows times f32 tokens (see `qprefill`)
             return super::qprefill::matmul_sources(&[self], x, tokens, &mut [out]);
         }
