@@ -26,7 +26,6 @@ from .streaming import TextStream
 from .tokenizer import begins_with, check_vocabulary
 from .tokenizer import from_folder as tokenizer_from_folder
 
-
 # A reused prefix still reruns the prompt's last this-many tokens (all of a shorter prompt): they then
 # take the prompt path's arithmetic (from 8 tokens on, the native prompt kernels) and give the logits a
 # fresh prompt gives, bit for bit. Running only the last token takes the decode step's arithmetic
