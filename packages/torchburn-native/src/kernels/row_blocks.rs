@@ -1,6 +1,5 @@
-//! Blocks of weight rows for products of several tokens on the decode kernels (a batch of decode
-//! steps, a prompt shorter than [`super::qprefill::MIN_TOKENS`], or any prompt on regrouped GGUF
-//! matrices).
+//! Blocks of weight rows for products of a few tokens on the decode kernels (a batch of decode steps,
+//! a prompt shorter than [`super::qprefill::MIN_TOKENS`]).
 //!
 //! A decode kernel reads each row of the weights once per token. With several tokens, a task that ran
 //! every token over its whole range of rows would read that range from memory once per token (the

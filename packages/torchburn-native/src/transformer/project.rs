@@ -1,5 +1,5 @@
-//! Projections of several tokens on the decode step's kernels: one decode step (one token), a batch of
-//! them (one token of each of several sequences), or a prompt on regrouped GGUF matrices.
+//! Projections of a few tokens on the decode step's kernels: one decode step (one token) or a batch of
+//! them (one token of each of several sequences).
 //!
 //! Projections that read the same input (q/k/v; gate/up) share one parallel job, and each token's
 //! input is quantized once per activation format they take. Each task walks its rows in blocks that

@@ -19,7 +19,8 @@
 //! - for Q4_1 after those, the sixteen rows' f16 offsets of each block.
 //!
 //! Rows past the matrix's last (the last group's padding) are zeros. The bytes are the file's, moved:
-//! a row regathered from a group ([`Interleaved::stored_row_into`]) is byte for byte the stored row.
+//! a row regathered from a group is byte for byte the stored row (the tests hold it to that), and
+//! [`Interleaved::dequantize_rows`] decodes rows to the stored rows' values bit for bit.
 
 use std::ops::Range;
 
@@ -136,31 +137,6 @@ impl Interleaved {
     pub fn groups_of(rows: &Range<usize>) -> Range<usize> {
         rows.start / LANES..rows.end.div_ceil(LANES)
     }
-
-    /// Row `r` as the file stores it (its blocks one after another) into `out`.
-    pub fn stored_row_into(&self, r: usize, out: &mut [u8]) {
-        let (kind, blocks) = (self.kind, self.blocks());
-        let bb = kind.block_bytes();
-        assert!(r < self.n, "row {r} past the rows");
-        assert_eq!(out.len(), blocks * bb, "a row's bytes");
-        let group = self.group(r / LANES);
-        let i = r % LANES;
-        let (quant, lane) = (quant_bytes(kind), lane_bytes(kind));
-        let scales = blocks * quant;
-        for (b, block) in out.chunks_exact_mut(bb).enumerate() {
-            let half = scales + b * 2 * LANES + 2 * i;
-            block[..2].copy_from_slice(&group[half..half + 2]);
-            if kind == GgmlType::Q4_1 {
-                let offset = half + blocks * 2 * LANES;
-                block[2..4].copy_from_slice(&group[offset..offset + 2]);
-            }
-            let ints = &mut block[head_bytes(kind)..];
-            for (c, chunk) in ints.chunks_exact_mut(lane).enumerate() {
-                let at = b * quant + c * LANES * lane + i * lane;
-                chunk.copy_from_slice(&group[at..at + lane]);
-            }
-        }
-    }
 }
 
 impl Interleaved {
@@ -254,6 +230,33 @@ fn scatter_row(kind: GgmlType, blocks: usize, row: &[u8], i: usize, group: &mut 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Interleaved {
+        /// Row `r` as the file stores it (its blocks one after another) into `out`.
+        pub fn stored_row_into(&self, r: usize, out: &mut [u8]) {
+            let (kind, blocks) = (self.kind, self.blocks());
+            let bb = kind.block_bytes();
+            assert!(r < self.n, "row {r} past the rows");
+            assert_eq!(out.len(), blocks * bb, "a row's bytes");
+            let group = self.group(r / LANES);
+            let i = r % LANES;
+            let (quant, lane) = (quant_bytes(kind), lane_bytes(kind));
+            let scales = blocks * quant;
+            for (b, block) in out.chunks_exact_mut(bb).enumerate() {
+                let half = scales + b * 2 * LANES + 2 * i;
+                block[..2].copy_from_slice(&group[half..half + 2]);
+                if kind == GgmlType::Q4_1 {
+                    let offset = half + blocks * 2 * LANES;
+                    block[2..4].copy_from_slice(&group[offset..offset + 2]);
+                }
+                let ints = &mut block[head_bytes(kind)..];
+                for (c, chunk) in ints.chunks_exact_mut(lane).enumerate() {
+                    let at = b * quant + c * LANES * lane + i * lane;
+                    chunk.copy_from_slice(&group[at..at + lane]);
+                }
+            }
+        }
+    }
 
     #[test]
     fn rows_come_back_byte_for_byte() {
