@@ -29,6 +29,20 @@ def test_comparison_against_given_logits_counts_agreement_and_perplexity(smollm2
     flipped[rows, logits[rows].argmin(-1)] = logits[rows].max(-1).values + 1.0
     got = acc.compare(flipped, smollm2, ids, "prefill", "given")
     assert got.top1_agreement == pytest.approx(1 - len(rows) / 299)
+    # every miss is a flipped row, where the reference leads its runner-up by exactly 1.0
+    assert got.largest_missed_margin == pytest.approx(1.0, abs=1e-4) and same.largest_missed_margin == 0.0
+    # the flipped rows marked as ones the reference does not decide: full agreement on the rest
+    stable = torch.ones(299, dtype=torch.bool)
+    stable[rows] = False
+    decided = acc.compare(flipped, smollm2, ids, "prefill", "given", stable)
+    assert (decided.stable_agreement, decided.stable_positions) == (1.0, 299 - len(rows))
+    assert decided.row().endswith(f"| 1.000 | 100.00% of {299 - len(rows)} |") and got.row().endswith("| - |")
+    # only the first row stable: that row is flipped too, so nothing agrees there
+    first = torch.zeros(299, dtype=torch.bool)
+    first[0] = True
+    assert acc.compare(flipped, smollm2, ids, "prefill", "given", first).stable_agreement == 0.0
+    with pytest.raises(ValueError, match="stable mask covers"):
+        acc.compare(flipped, smollm2, ids, "prefill", "given", stable[:5])
     target = torch.tensor(ids[1:])
     nll = float(torch.nn.functional.cross_entropy(flipped, target))
     assert got.reference_perplexity == pytest.approx(math.exp(nll), rel=1e-5)
@@ -49,6 +63,7 @@ def test_logits_against_logits_match_the_model_comparison(smollm2: LLM) -> None:
     )
     by_hand = float((prompt.argmax(-1) == decode.argmax(-1)).float().mean())
     assert row.top1_agreement == pytest.approx(by_hand) and row.quant == "own"
+    assert int(acc.self_agreement(prompt, decode, 199).sum()) == round(by_hand * 199)
     with pytest.raises(ValueError, match="candidate logits cover 10 positions, 199 are compared"):
         acc.compare_logits(prompt, decode[:10], ids, "own", "decode", "prompt")
 
@@ -73,3 +88,35 @@ def test_a_missing_llama_cpp_says_how_to_install_it(monkeypatch: pytest.MonkeyPa
         llamacpp_peer.system_info()
     with pytest.raises(ValueError, match="is not one of"):
         bench_files.quantize(Path("a.gguf"), Path("b.gguf"), "Q3_K_XXL")
+
+
+def test_the_accuracy_tables_against_a_stand_in_for_llama_cpp(
+    smollm2: LLM, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from torchburn_cli import app
+
+    ids = smollm2.encode(acc.evaluation_text())[:120]
+    exact = acc.teacher_forced_logits(LLM.from_pretrained(None, quant="fp32"), ids, "prefill")  # [119, V]
+    # the stand-in's prompt path is the exact computation with every fourth choice flipped, its decode path
+    # the exact computation itself
+    prompt = exact.clone()
+    rows = torch.arange(0, 119, 4)
+    prompt[rows, exact[rows].argmin(-1)] = exact[rows].max(-1).values + 0.5
+
+    def stand_in(path: Path, given: list[int], threads: int, chunk: int = 256) -> torch.Tensor:
+        assert given == ids[:-1] and path.suffix == ".gguf"
+        return prompt if chunk > 1 else exact
+
+    monkeypatch.setattr(llamacpp_peer, "teacher_forced_logits", stand_in)
+    monkeypatch.setattr(llamacpp_peer, "system_info", lambda: "stand-in")
+    app._accuracy_against_llama_cpp(None, ids, ["stored"])
+    first, second = capsys.readouterr().out.split("Against the exact computation")
+    flipped = f"{100 * (1 - len(rows) / 119):.2f}%"
+    # against the stand-in's prompt path: its own decode path misses exactly the flipped rows, by 0.5
+    assert f"| llama.cpp | decode | llama.cpp | 119 | {flipped} |" in first and "| 0.500 | - |" in first
+    # ours, counted where the stand-in agrees with itself: the rows it did not flip
+    assert f"100.00% of {119 - len(rows)} |" in first
+    # against the exact computation: the stand-in's decode path is it; our prefill path is it too
+    assert "| llama.cpp | decode | exact fp32 | 119 | 100.00% |" in second
+    assert f"| llama.cpp | prefill | exact fp32 | 119 | {flipped} |" in second
+    assert "| stored | prefill | exact fp32 | 119 | 100.00% |" in second

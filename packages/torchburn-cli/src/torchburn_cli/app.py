@@ -233,36 +233,56 @@ def accuracy(
     """Top-1 agreement and perplexity of quantized weights against fp32 (or llama.cpp on the same file),
     teacher-forced on a long text, on the prefill path (prompts) and the decode path (one token per
     step, as generation runs). With --llama-cpp the first row is llama.cpp's own decode path against its
-    prompt path: the agreement left when only the rounding differs."""
-    import torch
-
+    prompt path: the agreement left when only the rounding differs; the last column then counts only
+    the positions where llama.cpp's two paths agree. A second table then holds both runtimes, each path,
+    against the exact computation of the file: its weights dequantized to fp32, and fp32 throughout."""
     from torchburn_llm import accuracy as acc
-    from torchburn_llm import default_model_path
 
     reference: Any = _load(model, "stored" if llama_cpp else "fp32", "cpu")
     ids = reference.encode(acc.evaluation_text())[:tokens]
     if len(ids) < tokens:
         raise ValueError(f"the evaluation text has only {len(ids)} tokens")
-    name = "fp32"
     if llama_cpp:
-        from torchburn_llm import llamacpp_peer
-
-        path = Path(model) if model else default_model_path()
-        print(f"torchburn kernels: {_isa_level()}; {llamacpp_peer.system_info()}")
-        threads = torch.get_num_threads()
-        reference, name = llamacpp_peer.teacher_forced_logits(path, ids[:-1], threads), "llama.cpp"
-        # llama.cpp's one-token path against its own prompt path: how far two computations of the
-        # same file drift when only their rounding differs, the floor for reading the rows below
-        own = llamacpp_peer.teacher_forced_logits(path, ids[:-1], threads, chunk=1)
-        rows = [acc.compare_logits(reference, own, ids, "llama.cpp", "decode", name)]
-    else:
-        rows = []
-    for q in quant or (["stored"] if llama_cpp else ["int8", "int4"]):
+        _accuracy_against_llama_cpp(model, ids, quant or ["stored"])
+        return
+    rows = []
+    for q in quant or ["int8", "int4"]:
         candidate = _load(model, q, "cpu")
-        rows += [acc.compare(reference, candidate, ids, path, name) for path in acc.PATHS]
+        rows += [acc.compare(reference, candidate, ids, path) for path in acc.PATHS]
     print(acc.HEADER)
     for r in rows:
         print(r.row())
+
+
+def _accuracy_against_llama_cpp(model: str | None, ids: list[int], quants: list[str]) -> None:
+    """The accuracy command's tables with --llama-cpp (see ``accuracy``)."""
+    import torch
+
+    from torchburn_llm import accuracy as acc
+    from torchburn_llm import default_model_path, llamacpp_peer
+
+    path = Path(model) if model else default_model_path()
+    print(f"torchburn kernels: {_isa_level()}; {llamacpp_peer.system_info()}")
+    threads, count = torch.get_num_threads(), len(ids) - 1
+    prompt = llamacpp_peer.teacher_forced_logits(path, ids[:-1], threads)  # [count, V]
+    # llama.cpp's one-token path against its own prompt path: how far two computations of the
+    # same file drift when only their rounding differs, the floor for reading the rows below
+    decode = llamacpp_peer.teacher_forced_logits(path, ids[:-1], threads, chunk=1)
+    stable = acc.self_agreement(prompt, decode, count)
+    exact_llm = _load(model, "fp32", "cpu")
+    exact = acc.teacher_forced_logits(exact_llm, ids, "prefill")
+    del exact_llm
+    logits = [("llama.cpp", "prefill", prompt), ("llama.cpp", "decode", decode)]
+    for q in quants:
+        candidate = _load(model, q, "cpu")
+        logits += [(q, p, acc.teacher_forced_logits(candidate, ids, p)) for p in acc.PATHS]
+    print(acc.HEADER)
+    for q, p, got in logits[1:]:
+        print(acc.compare_logits(prompt, got, ids, q, p, "llama.cpp", None if q == "llama.cpp" else stable).row())
+    print("\nAgainst the exact computation of the same file (weights dequantized to fp32, fp32 throughout):")
+    print(acc.HEADER)
+    for q, p, got in logits:
+        print(acc.compare_logits(exact, got, ids, q, p, "exact fp32").row())
 
 
 def _isa_level() -> str:
