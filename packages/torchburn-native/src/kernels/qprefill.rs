@@ -20,6 +20,8 @@ use torchburn_native_macros::isa_versions;
 
 use half::f16;
 
+#[cfg(target_arch = "x86_64")]
+use super::ggml::{interleaved::Interleaved, prompt_interleaved};
 use super::ggml::{kprefill, GgmlMatrix};
 use super::quant::{QMatrix, QWeights, BLOCK};
 use crate::threads;
@@ -136,6 +138,29 @@ fn matmul_many_on(
         }
         return;
     }
+    // regrouped matrices take their own kernels up to a length, which give the tiles' sums bit for
+    // bit without gathering rows out of the groups (see `ggml::prompt_interleaved`)
+    #[cfg(target_arch = "x86_64")]
+    if simd && ms.iter().any(|m| regrouped(*m, tokens).is_some()) {
+        let (mut r_ms, mut r_outs, mut rest, mut rest_outs) = (vec![], vec![], vec![], vec![]);
+        for (m, out) in ms.iter().zip(outs.iter_mut()) {
+            match regrouped(*m, tokens) {
+                Some(r) => {
+                    r_ms.push(r);
+                    r_outs.push(&mut **out);
+                }
+                None => {
+                    rest.push(*m);
+                    rest_outs.push(&mut **out);
+                }
+            }
+        }
+        prompt_interleaved::matmul_many(&r_ms, x, tokens, &mut r_outs);
+        if !rest.is_empty() {
+            matmul_many_on(&rest, x, tokens, &mut rest_outs, simd);
+        }
+        return;
+    }
     // xt[kk·stride + t] = x[t·k + kk], tokens padded with zeros to whole vectors
     let stride = tokens.next_multiple_of(LANES);
     let mut xt = vec![0f32; k * stride];
@@ -183,6 +208,14 @@ fn matmul_many_on(
             unsafe { group_product(w, rows, k, xt, stride, tokens, out.get().add(r0), n, simd) };
         }
     });
+}
+
+/// `m`'s regrouped weights, where the running level's prompt kernels take them for `tokens` tokens.
+#[cfg(target_arch = "x86_64")]
+fn regrouped(m: &dyn RowSource, tokens: usize) -> Option<&Interleaved> {
+    m.as_ggml()
+        .and_then(|g| g.interleaved())
+        .filter(|r| prompt_interleaved::takes(r.kind, tokens))
 }
 
 /// `m` as a K-quant matrix, which takes the integer tiles of `ggml::kprefill`.

@@ -8,7 +8,8 @@
 //! - `dot_avx2`: the AVX2 row products (also run at the AVX-512 level);
 //! - `dot_tokens`: the 32-element types' row products against several tokens at once;
 //! - [`interleaved`]: Q4_0, Q4_1 and Q8_0 regrouped sixteen rows to a register, and
-//!   `dot_interleaved`, their products against one or several tokens (x86);
+//!   `dot_interleaved`, their products against one or several tokens (x86), and
+//!   `prompt_interleaved`, against a prompt's f32 tokens;
 //! - [`kprefill`]: the K-quants' products with many tokens (a prompt) in integers.
 
 pub mod acts;
@@ -23,6 +24,8 @@ pub mod dot_interleaved;
 pub mod dot_tokens;
 pub mod interleaved;
 pub mod kprefill;
+#[cfg(target_arch = "x86_64")]
+pub mod prompt_interleaved;
 
 use std::any::Any;
 use std::ops::Range;
@@ -200,6 +203,14 @@ impl GgmlMatrix {
     /// Whether the weights are regrouped (see [`GgmlMatrix::interleaved_for_this_cpu`]).
     pub fn is_interleaved(&self) -> bool {
         matches!(self.storage, Storage::Interleaved(_))
+    }
+
+    /// The regrouped weights, where they are (see [`GgmlMatrix::interleaved_for_this_cpu`]).
+    pub fn interleaved(&self) -> Option<&interleaved::Interleaved> {
+        match &self.storage {
+            Storage::Interleaved(m) => Some(m),
+            Storage::Rows(_) => None,
+        }
     }
 
     /// Bytes the weights take.

@@ -1,0 +1,475 @@
+//! Prompt products of regrouped matrices ([`super::interleaved`]) in f32, straight from the groups.
+//!
+//! A prompt's products take f32 activations and the weights' exact values (`qprefill`'s tiles): each
+//! (row, token) sums its products by fused multiply-adds in order of k, from zero. For regrouped
+//! matrices the tiles would first gather every row back out of its group, which costs more than the
+//! products themselves for prompts of a few dozen tokens. Here a register lane is a row, as in the
+//! decode kernels: per element k, the sixteen rows' weights are decoded into one register (the
+//! integer, exact as a float; times the block's scale; the Q4_1 offset added, each rounded once, as
+//! the row decoder does) and meet every token of the pass in one fused multiply-add with that
+//! token's element broadcast. Each (row, token) therefore takes the tiles' operations in the tiles'
+//! order, and a prompt gives the same bits here as on the tiles, at every length and level.
+//!
+//! 4-bit integers become floats without a conversion: the nibble OR'd into the bits of 2^23 reads
+//! as 2^23 + q, and subtracting 2^23 (plus Q4_0's 8) leaves q (or q - 8), exactly.
+
+use std::arch::x86_64::*;
+
+use super::interleaved::{quant_bytes, Interleaved, LANES};
+use super::GgmlType;
+use crate::threads::{self, SendPtr};
+
+/// Elements per block of the regrouped types.
+const BLOCK: usize = 32;
+/// 2^23: a float whose last mantissa bits are an integer below it.
+const MAGIC: f32 = 8_388_608.0;
+
+/// Whether the prompt kernels at the running level take `tokens` tokens against regrouped `kind`
+/// (regrouped where the decode kernels regroup it: the 4-bit types from AVX2 up, Q8_0 with AVX-512).
+/// Each pass decodes the weights again for at most 16 tokens (8 on AVX2's sixteen registers), where
+/// the tiles dequantize each row once for the whole prompt: from about 128 tokens (32 on AVX2) the
+/// tiles cost less. The results are the same bits either way.
+pub fn takes(kind: GgmlType, tokens: usize) -> bool {
+    let longest = if crate::isa::avx512() { 127 } else { 31 };
+    tokens <= longest && super::dot_interleaved::takes(kind)
+}
+
+/// `outs[i][t·n_i + r] = Σ_k x[t·k + kk] · W_i[r, kk]` for every regrouped matrix `ms[i]` (one
+/// width `k`) and token `t < tokens`; the groups of all the matrices share one parallel job.
+pub fn matmul_many(ms: &[&Interleaved], x: &[f32], tokens: usize, outs: &mut [&mut [f32]]) {
+    assert_eq!(ms.len(), outs.len(), "one output per matrix");
+    let k = ms.first().map_or(0, |m| m.k);
+    assert!(
+        ms.iter().all(|m| m.k == k),
+        "the matrices must share their width"
+    );
+    assert!(
+        ms.iter().all(|m| super::dot_interleaved::takes(m.kind)),
+        "regrouped at this level"
+    );
+    assert_eq!(x.len(), tokens * k, "input length");
+    for (m, out) in ms.iter().zip(outs.iter()) {
+        assert_eq!(out.len(), tokens * m.n, "output length");
+    }
+    // the groups of every matrix, numbered one after another: matrix i has firsts[i]..firsts[i + 1]
+    let mut firsts = vec![0];
+    for m in ms {
+        firsts.push(firsts[firsts.len() - 1] + m.n.div_ceil(LANES));
+    }
+    let ptrs: Vec<SendPtr<f32>> = outs.iter_mut().map(|o| SendPtr(o.as_mut_ptr())).collect();
+    threads::par_ranges(firsts[ms.len()], 1, |lo, hi| {
+        for g in lo..hi {
+            let i = firsts.partition_point(|&f| f <= g) - 1;
+            let (m, g) = (ms[i], g - firsts[i]);
+            // SAFETY: this task alone writes the group's columns of every token's row of `outs[i]`,
+            // `tokens · n` long as checked above; the level has the kernel's features (checked)
+            unsafe { group_product(m, g, x, tokens, ptrs[i].get().add(g * LANES), m.n) }
+        }
+    });
+}
+
+/// Group `g`'s rows times every token: `out[t·ld + i]` for lanes `i` that are rows of `m`.
+///
+/// # Safety
+/// `out` valid for those writes; `m` regrouped at the running level; `x` `tokens · k` long.
+unsafe fn group_product(
+    m: &Interleaved,
+    g: usize,
+    x: &[f32],
+    tokens: usize,
+    out: *mut f32,
+    ld: usize,
+) {
+    let lanes = LANES.min(m.n - g * LANES);
+    if crate::isa::avx512() {
+        group_zmm(m, g, x, tokens, out, ld, lanes)
+    } else {
+        group_ymm(m, g, x, tokens, out, ld, lanes)
+    }
+}
+
+/// Passes of 16, 8, 4, 2 and 1 tokens over the group, as many as `tokens` takes.
+macro_rules! passes {
+    ($tokens:expr, |$t0:ident, $width:ident| $pass:expr) => {{
+        let mut $t0 = 0;
+        while $t0 < $tokens {
+            let left = $tokens - $t0;
+            $t0 += if left >= 16 {
+                const $width: usize = 16;
+                $pass;
+                16
+            } else if left >= 8 {
+                const $width: usize = 8;
+                $pass;
+                8
+            } else if left >= 4 {
+                const $width: usize = 4;
+                $pass;
+                4
+            } else if left >= 2 {
+                const $width: usize = 2;
+                $pass;
+                2
+            } else {
+                const $width: usize = 1;
+                $pass;
+                1
+            };
+        }
+    }};
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn group_zmm(
+    m: &Interleaved,
+    g: usize,
+    x: &[f32],
+    tokens: usize,
+    out: *mut f32,
+    ld: usize,
+    lanes: usize,
+) {
+    let mask = ((1u32 << lanes) - 1) as __mmask16;
+    let group = m.group(g).as_ptr();
+    passes!(tokens, |t0, W| zmm_pass::<W>(
+        m.kind,
+        group,
+        m.blocks(),
+        x.as_ptr().add(t0 * m.k),
+        m.k,
+        out.add(t0 * ld),
+        ld,
+        mask
+    ));
+}
+
+/// One pass of `T` tokens (rows `x`, `k` apart) over a group, into `out` (rows `ld` apart).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn zmm_pass<const T: usize>(
+    kind: GgmlType,
+    group: *const u8,
+    blocks: usize,
+    x: *const f32,
+    k: usize,
+    out: *mut f32,
+    ld: usize,
+    mask: __mmask16,
+) {
+    let mut acc = [_mm512_setzero_ps(); T]; // [token] × sixteen rows
+    let scales = group.add(blocks * quant_bytes(kind));
+    let nibble = _mm512_set1_epi32(0x0F);
+    let magic = _mm512_set1_epi32(MAGIC.to_bits() as i32);
+    let unbias = _mm512_set1_ps(if kind == GgmlType::Q4_0 {
+        MAGIC + 8.0
+    } else {
+        MAGIC
+    });
+    // macros, not closures: a closure does not take its function's instruction sets, and its
+    // intrinsics would become calls
+    macro_rules! half {
+        ($at:expr) => {
+            _mm512_cvtph_ps(_mm256_loadu_si256(scales.add($at) as *const __m256i))
+        };
+    }
+    for b in 0..blocks {
+        let d = half!(b * 2 * LANES);
+        let xb = x.add(b * BLOCK);
+        // the sixteen rows' weights at element e of the block, into every token's sums
+        macro_rules! step {
+            ($w:expr, $e:expr) => {{
+                let (w, e) = ($w, $e);
+                for (t, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(w, _mm512_set1_ps(*xb.add(t * k + e)), *a);
+                }
+            }};
+        }
+        if kind == GgmlType::Q8_0 {
+            // chunk c: elements 2c and 2c + 1 of each row, an i16 pair per lane once widened
+            let q = group.add(b * quant_bytes(kind));
+            for c in 0..BLOCK / 2 {
+                let v = _mm512_cvtepi16_epi32(_mm256_loadu_si256(q.add(c * 32) as *const __m256i));
+                let even = _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(v));
+                let odd = _mm512_srai_epi32::<8>(v);
+                step!(_mm512_mul_ps(d, _mm512_cvtepi32_ps(even)), 2 * c);
+                step!(_mm512_mul_ps(d, _mm512_cvtepi32_ps(odd)), 2 * c + 1);
+            }
+            continue;
+        }
+        // chunk c: stored bytes 4c..4c + 4 of each row's block, elements 4c + j in the low nibbles
+        // and 16 + 4c + j in the high ones
+        let q = group.add(b * quant_bytes(kind)) as *const __m512i;
+        let offset = if kind == GgmlType::Q4_1 {
+            half!((blocks + b) * 2 * LANES)
+        } else {
+            _mm512_setzero_ps() // unused
+        };
+        macro_rules! weight {
+            ($bits:expr) => {{
+                // (bits & 0xF) | 2^23's bits, read as a float, less the bias: the nibble (less 8)
+                let q = _mm512_ternarylogic_epi32::<0xEA>($bits, nibble, magic);
+                let w = _mm512_mul_ps(d, _mm512_sub_ps(_mm512_castsi512_ps(q), unbias));
+                if kind == GgmlType::Q4_1 {
+                    _mm512_add_ps(w, offset)
+                } else {
+                    w
+                }
+            }};
+        }
+        for high in [false, true] {
+            for c in 0..4 {
+                let v = _mm512_loadu_si512(q.add(c));
+                let v = if high { _mm512_srli_epi32::<4>(v) } else { v };
+                let e = usize::from(high) * 16 + 4 * c;
+                step!(weight!(v), e);
+                step!(weight!(_mm512_srli_epi32::<8>(v)), e + 1);
+                step!(weight!(_mm512_srli_epi32::<16>(v)), e + 2);
+                step!(weight!(_mm512_srli_epi32::<24>(v)), e + 3);
+            }
+        }
+    }
+    for (t, a) in acc.iter().enumerate() {
+        _mm512_mask_storeu_ps(out.add(t * ld), mask, *a);
+    }
+}
+
+/// The 4-bit types on AVX2: each half of the group (eight rows) on its own, up to eight tokens a pass.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn group_ymm(
+    m: &Interleaved,
+    g: usize,
+    x: &[f32],
+    tokens: usize,
+    out: *mut f32,
+    ld: usize,
+    lanes: usize,
+) {
+    assert!(
+        m.kind != GgmlType::Q8_0,
+        "Q8_0 is regrouped only for AVX-512"
+    );
+    let group = m.group(g).as_ptr();
+    for h in 0..lanes.div_ceil(8) {
+        let rows = (lanes - 8 * h).min(8);
+        passes!(tokens, |t0, W| {
+            // eight tokens at most a pass on sixteen registers: the sixteen-token width runs twice
+            if W == 16 {
+                ymm_pass::<8>(
+                    m.kind,
+                    group,
+                    h,
+                    m.blocks(),
+                    x.as_ptr().add(t0 * m.k),
+                    m.k,
+                    out.add(t0 * ld + 8 * h),
+                    ld,
+                    rows,
+                );
+                ymm_pass::<8>(
+                    m.kind,
+                    group,
+                    h,
+                    m.blocks(),
+                    x.as_ptr().add((t0 + 8) * m.k),
+                    m.k,
+                    out.add((t0 + 8) * ld + 8 * h),
+                    ld,
+                    rows,
+                );
+            } else {
+                ymm_pass::<W>(
+                    m.kind,
+                    group,
+                    h,
+                    m.blocks(),
+                    x.as_ptr().add(t0 * m.k),
+                    m.k,
+                    out.add(t0 * ld + 8 * h),
+                    ld,
+                    rows,
+                );
+            }
+        });
+    }
+}
+
+/// [`zmm_pass`] for half `h` of a 4-bit group: `T` tokens, `rows` of its eight lanes stored.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn ymm_pass<const T: usize>(
+    kind: GgmlType,
+    group: *const u8,
+    h: usize,
+    blocks: usize,
+    x: *const f32,
+    k: usize,
+    out: *mut f32,
+    ld: usize,
+    rows: usize,
+) {
+    let mut acc = [_mm256_setzero_ps(); T]; // [token] × eight rows
+    let scales = group.add(blocks * quant_bytes(kind) + 16 * h);
+    let nibble = _mm256_set1_epi32(0x0F);
+    let magic = _mm256_set1_epi32(MAGIC.to_bits() as i32);
+    let unbias = _mm256_set1_ps(if kind == GgmlType::Q4_0 {
+        MAGIC + 8.0
+    } else {
+        MAGIC
+    });
+    macro_rules! half {
+        ($at:expr) => {
+            _mm256_cvtph_ps(_mm_loadu_si128(scales.add($at) as *const __m128i))
+        };
+    }
+    for b in 0..blocks {
+        let d = half!(b * 2 * LANES);
+        let offset = if kind == GgmlType::Q4_1 {
+            half!((blocks + b) * 2 * LANES)
+        } else {
+            _mm256_setzero_ps() // unused
+        };
+        let xb = x.add(b * BLOCK);
+        let q = group.add(b * quant_bytes(kind) + 32 * h);
+        // as `zmm_pass`'s, with an AND and an OR for the ternary logic
+        macro_rules! step {
+            ($bits:expr, $e:expr) => {{
+                let (bits, e) = ($bits, $e);
+                let q = _mm256_or_si256(_mm256_and_si256(bits, nibble), magic);
+                let w = _mm256_mul_ps(d, _mm256_sub_ps(_mm256_castsi256_ps(q), unbias));
+                let w = if kind == GgmlType::Q4_1 {
+                    _mm256_add_ps(w, offset)
+                } else {
+                    w
+                };
+                for (t, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(w, _mm256_set1_ps(*xb.add(t * k + e)), *a);
+                }
+            }};
+        }
+        for high in [false, true] {
+            for c in 0..4 {
+                let v = _mm256_loadu_si256(q.add(64 * c) as *const __m256i);
+                let v = if high { _mm256_srli_epi32::<4>(v) } else { v };
+                let e = usize::from(high) * 16 + 4 * c;
+                step!(v, e);
+                step!(_mm256_srli_epi32::<8>(v), e + 1);
+                step!(_mm256_srli_epi32::<16>(v), e + 2);
+                step!(_mm256_srli_epi32::<24>(v), e + 3);
+            }
+        }
+    }
+    let mut lanes = [0f32; 8];
+    for (t, a) in acc.iter().enumerate() {
+        if rows == 8 {
+            _mm256_storeu_ps(out.add(t * ld), *a);
+        } else {
+            _mm256_storeu_ps(lanes.as_mut_ptr(), *a);
+            std::ptr::copy_nonoverlapping(lanes.as_ptr(), out.add(t * ld), rows);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::ggml::tests::matrix;
+    use crate::kernels::qprefill::matmul_on;
+    use crate::kernels::testing::centered;
+
+    /// Tokens on each side of every pass width, and a prompt of several sixteen-token passes.
+    const TOKENS: [usize; 10] = [1, 2, 3, 7, 8, 9, 16, 17, 31, 45];
+
+    #[test]
+    fn prompts_equal_the_tiles_on_the_stored_rows_bit_for_bit() {
+        // 37 rows: two whole groups and one of five lanes, read in a shuffled order
+        let n = 37;
+        let order: Vec<u32> = (0..n as u32).map(|r| (r * 7 + 3) % n as u32).collect();
+        for kind in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            if !super::super::dot_interleaved::takes(kind) {
+                continue;
+            }
+            for k in [64, 320] {
+                let rows = || matrix(kind, n, k, 5).with_row_order(order.clone()).unwrap();
+                let (stored, regrouped) = (rows(), rows().interleaved_for_this_cpu());
+                assert!(regrouped.is_interleaved());
+                let x = centered(45 * k, 9);
+                for tokens in TOKENS {
+                    let x = &x[..tokens * k];
+                    // the tiles' portable loop on rows as the file stores them: the ground truth
+                    let mut want = vec![0f32; tokens * n];
+                    matmul_on(&stored, x, tokens, &mut want, false);
+                    let packed = regrouped.interleaved().unwrap();
+                    let mut got = vec![f32::NAN; tokens * n];
+                    matmul_many(&[packed], x, tokens, &mut [&mut got[..]]);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{} k={k}, {tokens} tokens",
+                        kind.name()
+                    );
+                    // the prompt path picks these kernels or the tiles by length: the same bits
+                    let mut routed = vec![f32::NAN; tokens * n];
+                    matmul_on(&regrouped, x, tokens, &mut routed, true);
+                    assert_eq!(
+                        bits(&routed),
+                        bits(&want),
+                        "{} routed, {tokens} tokens",
+                        kind.name()
+                    );
+                    // and the AVX2 kernel, where the CPU runs it, for the 4-bit types
+                    if kind != GgmlType::Q8_0 && crate::isa::avx2() {
+                        let mut ymm = vec![f32::NAN; tokens * n];
+                        for g in 0..n.div_ceil(LANES) {
+                            let lanes = LANES.min(n - g * LANES);
+                            // SAFETY: AVX2 checked; the group's columns of `ymm` exist
+                            unsafe {
+                                group_ymm(
+                                    packed,
+                                    g,
+                                    x,
+                                    tokens,
+                                    ymm.as_mut_ptr().add(g * LANES),
+                                    n,
+                                    lanes,
+                                )
+                            };
+                        }
+                        assert_eq!(
+                            bits(&ymm),
+                            bits(&want),
+                            "{} on AVX2, {tokens} tokens",
+                            kind.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn several_matrices_share_one_job_and_keep_their_own_results() {
+        let k = 96;
+        let kind = GgmlType::Q4_1;
+        if !super::super::dot_interleaved::takes(kind) {
+            return;
+        }
+        let ms: Vec<_> = [(40, 1), (13, 2), (17, 3)]
+            .iter()
+            .map(|&(n, seed)| matrix(kind, n, k, seed).interleaved_for_this_cpu())
+            .collect();
+        let tokens = 11;
+        let x = centered(tokens * k, 4);
+        let packed: Vec<&Interleaved> = ms.iter().map(|m| m.interleaved().unwrap()).collect();
+        let mut together: Vec<Vec<f32>> = ms.iter().map(|m| vec![0f32; tokens * m.n]).collect();
+        let mut outs: Vec<&mut [f32]> = together.iter_mut().map(|o| &mut o[..]).collect();
+        matmul_many(&packed, &x, tokens, &mut outs);
+        for (m, got) in ms.iter().zip(&together) {
+            let mut alone = vec![0f32; tokens * m.n];
+            matmul_on(m, &x, tokens, &mut alone, false);
+            assert_eq!(got, &alone, "n = {}", m.n);
+        }
+    }
+}
