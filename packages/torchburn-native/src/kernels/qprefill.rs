@@ -138,13 +138,13 @@ fn matmul_many_on(
         }
         return;
     }
-    // regrouped matrices take their own kernels up to a length, which give the tiles' sums bit for
-    // bit without gathering rows out of the groups (see `ggml::prompt_interleaved`)
+    // regrouped matrices take their own kernels, which give the tiles' sums bit for bit without
+    // gathering rows out of the groups (see `ggml::prompt_interleaved`)
     #[cfg(target_arch = "x86_64")]
-    if simd && ms.iter().any(|m| regrouped(*m, tokens).is_some()) {
+    if simd && ms.iter().any(|m| regrouped(*m).is_some()) {
         let (mut r_ms, mut r_outs, mut rest, mut rest_outs) = (vec![], vec![], vec![], vec![]);
         for (m, out) in ms.iter().zip(outs.iter_mut()) {
-            match regrouped(*m, tokens) {
+            match regrouped(*m) {
                 Some(r) => {
                     r_ms.push(r);
                     r_outs.push(&mut **out);
@@ -210,12 +210,12 @@ fn matmul_many_on(
     });
 }
 
-/// `m`'s regrouped weights, where the running level's prompt kernels take them for `tokens` tokens.
+/// `m`'s regrouped weights, where the running level's prompt kernels take them.
 #[cfg(target_arch = "x86_64")]
-fn regrouped(m: &dyn RowSource, tokens: usize) -> Option<&Interleaved> {
+fn regrouped(m: &dyn RowSource) -> Option<&Interleaved> {
     m.as_ggml()
         .and_then(|g| g.interleaved())
-        .filter(|r| prompt_interleaved::takes(r.kind, tokens))
+        .filter(|r| prompt_interleaved::takes(r.kind))
 }
 
 /// `m` as a K-quant matrix, which takes the integer tiles of `ggml::kprefill`.

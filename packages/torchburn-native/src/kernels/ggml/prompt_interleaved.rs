@@ -4,11 +4,12 @@
 //! (row, token) sums its products by fused multiply-adds in order of k, from zero. For regrouped
 //! matrices the tiles would first gather every row back out of its group, which costs more than the
 //! products themselves for prompts of a few dozen tokens. Here a register lane is a row, as in the
-//! decode kernels: per element k, the sixteen rows' weights are decoded into one register (the
-//! integer, exact as a float; times the block's scale; the Q4_1 offset added, each rounded once, as
-//! the row decoder does) and meet every token of the pass in one fused multiply-add with that
-//! token's element broadcast. Each (row, token) therefore takes the tiles' operations in the tiles'
-//! order, and a prompt gives the same bits here as on the tiles, at every length and level.
+//! decode kernels: a group's weights are decoded once, per element k one vector of its sixteen rows
+//! (the integer, exact as a float; times the block's scale; the Q4_1 offset added, each rounded
+//! once, as the row decoder does), into a buffer in L1 or L2; then each pass of up to sixteen tokens
+//! runs over the buffer, one fused multiply-add per element and token with the token's element
+//! broadcast. Each (row, token) therefore takes the tiles' operations in the tiles' order, and a
+//! prompt gives the same bits here as on the tiles, at every length and level.
 //!
 //! 4-bit integers become floats without a conversion: the nibble OR'd into the bits of 2^23 reads
 //! as 2^23 + q, and subtracting 2^23 (plus Q4_0's 8) leaves q (or q - 8), exactly.
@@ -24,14 +25,10 @@ const BLOCK: usize = 32;
 /// 2^23: a float whose last mantissa bits are an integer below it.
 const MAGIC: f32 = 8_388_608.0;
 
-/// Whether the prompt kernels at the running level take `tokens` tokens against regrouped `kind`
-/// (regrouped where the decode kernels regroup it: the 4-bit types from AVX2 up, Q8_0 with AVX-512).
-/// Each pass decodes the weights again for at most 16 tokens (8 on AVX2's sixteen registers), where
-/// the tiles dequantize each row once for the whole prompt: from about 128 tokens (32 on AVX2) the
-/// tiles cost less. The results are the same bits either way.
-pub fn takes(kind: GgmlType, tokens: usize) -> bool {
-    let longest = if crate::isa::avx512() { 127 } else { 31 };
-    tokens <= longest && super::dot_interleaved::takes(kind)
+/// Whether the prompt kernels at the running level take regrouped `kind`: where the decode kernels
+/// regroup it (the 4-bit types from AVX2 up, Q8_0 with AVX-512).
+pub fn takes(kind: GgmlType) -> bool {
+    super::dot_interleaved::takes(kind)
 }
 
 /// `outs[i][t·n_i + r] = Σ_k x[t·k + kk] · W_i[r, kk]` for every regrouped matrix `ms[i]` (one
@@ -43,10 +40,7 @@ pub fn matmul_many(ms: &[&Interleaved], x: &[f32], tokens: usize, outs: &mut [&m
         ms.iter().all(|m| m.k == k),
         "the matrices must share their width"
     );
-    assert!(
-        ms.iter().all(|m| super::dot_interleaved::takes(m.kind)),
-        "regrouped at this level"
-    );
+    assert!(ms.iter().all(|m| takes(m.kind)), "regrouped at this level");
     assert_eq!(x.len(), tokens * k, "input length");
     for (m, out) in ms.iter().zip(outs.iter()) {
         assert_eq!(out.len(), tokens * m.n, "output length");
@@ -58,17 +52,20 @@ pub fn matmul_many(ms: &[&Interleaved], x: &[f32], tokens: usize, outs: &mut [&m
     }
     let ptrs: Vec<SendPtr<f32>> = outs.iter_mut().map(|o| SendPtr(o.as_mut_ptr())).collect();
     threads::par_ranges(firsts[ms.len()], 1, |lo, hi| {
+        let mut decoded = vec![0f32; k * LANES];
         for g in lo..hi {
             let i = firsts.partition_point(|&f| f <= g) - 1;
             let (m, g) = (ms[i], g - firsts[i]);
+            let out = ptrs[i].get();
             // SAFETY: this task alone writes the group's columns of every token's row of `outs[i]`,
-            // `tokens · n` long as checked above; the level has the kernel's features (checked)
-            unsafe { group_product(m, g, x, tokens, ptrs[i].get().add(g * LANES), m.n) }
+            // `tokens · n` long as checked above; the level has the kernels' features (checked)
+            unsafe { group_product(m, g, x, tokens, out.add(g * LANES), m.n, &mut decoded) }
         }
     });
 }
 
-/// Group `g`'s rows times every token: `out[t·ld + i]` for lanes `i` that are rows of `m`.
+/// Group `g`'s rows times every token: `out[t·ld + i]` for lanes `i` that are rows of `m`;
+/// `decoded` (`k · 16` long) holds the group's decoded weights meanwhile.
 ///
 /// # Safety
 /// `out` valid for those writes; `m` regrouped at the running level; `x` `tokens · k` long.
@@ -79,16 +76,18 @@ unsafe fn group_product(
     tokens: usize,
     out: *mut f32,
     ld: usize,
+    decoded: &mut [f32],
 ) {
+    assert_eq!(decoded.len(), m.k * LANES, "a group's decoded weights");
     let lanes = LANES.min(m.n - g * LANES);
     if crate::isa::avx512() {
-        group_zmm(m, g, x, tokens, out, ld, lanes)
+        group_zmm(m, g, x, tokens, out, ld, lanes, decoded)
     } else {
-        group_ymm(m, g, x, tokens, out, ld, lanes)
+        group_ymm(m, g, x, tokens, out, ld, lanes, decoded)
     }
 }
 
-/// Passes of 16, 8, 4, 2 and 1 tokens over the group, as many as `tokens` takes.
+/// Passes of 16, 8, 4, 2 and 1 tokens, as many as `tokens` takes.
 macro_rules! passes {
     ($tokens:expr, |$t0:ident, $width:ident| $pass:expr) => {{
         let mut $t0 = 0;
@@ -129,35 +128,29 @@ unsafe fn group_zmm(
     out: *mut f32,
     ld: usize,
     lanes: usize,
+    decoded: &mut [f32],
 ) {
-    let mask = ((1u32 << lanes) - 1) as __mmask16;
-    let group = m.group(g).as_ptr();
-    passes!(tokens, |t0, W| zmm_pass::<W>(
+    decode_zmm(
         m.kind,
-        group,
+        m.group(g).as_ptr(),
         m.blocks(),
-        x.as_ptr().add(t0 * m.k),
-        m.k,
+        decoded.as_mut_ptr(),
+    );
+    let mask = ((1u32 << lanes) - 1) as __mmask16;
+    let (w, k) = (decoded.as_ptr(), m.k);
+    passes!(tokens, |t0, W| zmm_pass::<W>(
+        w,
+        k,
+        x.as_ptr().add(t0 * k),
         out.add(t0 * ld),
         ld,
         mask
     ));
 }
 
-/// One pass of `T` tokens (rows `x`, `k` apart) over a group, into `out` (rows `ld` apart).
+/// A group's weights, element after element, sixteen lanes each, into `w` (`blocks · 32 · 16`).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn zmm_pass<const T: usize>(
-    kind: GgmlType,
-    group: *const u8,
-    blocks: usize,
-    x: *const f32,
-    k: usize,
-    out: *mut f32,
-    ld: usize,
-    mask: __mmask16,
-) {
-    let mut acc = [_mm512_setzero_ps(); T]; // [token] × sixteen rows
+unsafe fn decode_zmm(kind: GgmlType, group: *const u8, blocks: usize, w: *mut f32) {
     let scales = group.add(blocks * quant_bytes(kind));
     let nibble = _mm512_set1_epi32(0x0F);
     let magic = _mm512_set1_epi32(MAGIC.to_bits() as i32);
@@ -175,58 +168,70 @@ unsafe fn zmm_pass<const T: usize>(
     }
     for b in 0..blocks {
         let d = half!(b * 2 * LANES);
-        let xb = x.add(b * BLOCK);
-        // the sixteen rows' weights at element e of the block, into every token's sums
-        macro_rules! step {
-            ($w:expr, $e:expr) => {{
-                let (w, e) = ($w, $e);
-                for (t, a) in acc.iter_mut().enumerate() {
-                    *a = _mm512_fmadd_ps(w, _mm512_set1_ps(*xb.add(t * k + e)), *a);
-                }
-            }};
-        }
+        let wb = w.add(b * BLOCK * LANES);
+        let q = group.add(b * quant_bytes(kind));
         if kind == GgmlType::Q8_0 {
             // chunk c: elements 2c and 2c + 1 of each row, an i16 pair per lane once widened
-            let q = group.add(b * quant_bytes(kind));
             for c in 0..BLOCK / 2 {
                 let v = _mm512_cvtepi16_epi32(_mm256_loadu_si256(q.add(c * 32) as *const __m256i));
                 let even = _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(v));
                 let odd = _mm512_srai_epi32::<8>(v);
-                step!(_mm512_mul_ps(d, _mm512_cvtepi32_ps(even)), 2 * c);
-                step!(_mm512_mul_ps(d, _mm512_cvtepi32_ps(odd)), 2 * c + 1);
+                let (w_even, w_odd) = (wb.add(2 * c * LANES), wb.add((2 * c + 1) * LANES));
+                _mm512_storeu_ps(w_even, _mm512_mul_ps(d, _mm512_cvtepi32_ps(even)));
+                _mm512_storeu_ps(w_odd, _mm512_mul_ps(d, _mm512_cvtepi32_ps(odd)));
             }
             continue;
         }
         // chunk c: stored bytes 4c..4c + 4 of each row's block, elements 4c + j in the low nibbles
         // and 16 + 4c + j in the high ones
-        let q = group.add(b * quant_bytes(kind)) as *const __m512i;
         let offset = if kind == GgmlType::Q4_1 {
             half!((blocks + b) * 2 * LANES)
         } else {
             _mm512_setzero_ps() // unused
         };
-        macro_rules! weight {
-            ($bits:expr) => {{
-                // (bits & 0xF) | 2^23's bits, read as a float, less the bias: the nibble (less 8)
+        // (bits & 0xF) | 2^23's bits, read as a float, less the bias: the nibble (less 8); times
+        // the scale, plus the Q4_1 offset
+        macro_rules! store {
+            ($bits:expr, $e:expr) => {{
                 let q = _mm512_ternarylogic_epi32::<0xEA>($bits, nibble, magic);
-                let w = _mm512_mul_ps(d, _mm512_sub_ps(_mm512_castsi512_ps(q), unbias));
-                if kind == GgmlType::Q4_1 {
-                    _mm512_add_ps(w, offset)
+                let v = _mm512_mul_ps(d, _mm512_sub_ps(_mm512_castsi512_ps(q), unbias));
+                let v = if kind == GgmlType::Q4_1 {
+                    _mm512_add_ps(v, offset)
                 } else {
-                    w
-                }
+                    v
+                };
+                _mm512_storeu_ps(wb.add($e * LANES), v);
             }};
         }
         for high in [false, true] {
             for c in 0..4 {
-                let v = _mm512_loadu_si512(q.add(c));
+                let v = _mm512_loadu_si512(q.add(64 * c) as *const __m512i);
                 let v = if high { _mm512_srli_epi32::<4>(v) } else { v };
                 let e = usize::from(high) * 16 + 4 * c;
-                step!(weight!(v), e);
-                step!(weight!(_mm512_srli_epi32::<8>(v)), e + 1);
-                step!(weight!(_mm512_srli_epi32::<16>(v)), e + 2);
-                step!(weight!(_mm512_srli_epi32::<24>(v)), e + 3);
+                store!(v, e);
+                store!(_mm512_srli_epi32::<8>(v), e + 1);
+                store!(_mm512_srli_epi32::<16>(v), e + 2);
+                store!(_mm512_srli_epi32::<24>(v), e + 3);
             }
+        }
+    }
+}
+
+/// `T` tokens (rows of `x`, `k` apart) against a decoded group `w`, into `out` (rows `ld` apart).
+#[inline(always)]
+unsafe fn zmm_pass<const T: usize>(
+    w: *const f32,
+    k: usize,
+    x: *const f32,
+    out: *mut f32,
+    ld: usize,
+    mask: __mmask16,
+) {
+    let mut acc = [_mm512_setzero_ps(); T]; // [token] × sixteen rows
+    for kk in 0..k {
+        let wv = _mm512_loadu_ps(w.add(kk * LANES));
+        for (t, a) in acc.iter_mut().enumerate() {
+            *a = _mm512_fmadd_ps(wv, _mm512_set1_ps(*x.add(t * k + kk)), *a);
         }
     }
     for (t, a) in acc.iter().enumerate() {
@@ -234,7 +239,8 @@ unsafe fn zmm_pass<const T: usize>(
     }
 }
 
-/// The 4-bit types on AVX2: each half of the group (eight rows) on its own, up to eight tokens a pass.
+/// The 4-bit types on AVX2: each half of the group (eight rows) decoded and run on its own, up to
+/// eight tokens a pass (sixteen registers).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn group_ymm(
@@ -245,71 +251,33 @@ unsafe fn group_ymm(
     out: *mut f32,
     ld: usize,
     lanes: usize,
+    decoded: &mut [f32],
 ) {
     assert!(
         m.kind != GgmlType::Q8_0,
         "Q8_0 is regrouped only for AVX-512"
     );
-    let group = m.group(g).as_ptr();
+    let (group, k) = (m.group(g).as_ptr(), m.k);
+    let w = decoded.as_mut_ptr();
     for h in 0..lanes.div_ceil(8) {
+        decode_ymm(m.kind, group, h, m.blocks(), w);
         let rows = (lanes - 8 * h).min(8);
+        let out = out.add(8 * h);
         passes!(tokens, |t0, W| {
-            // eight tokens at most a pass on sixteen registers: the sixteen-token width runs twice
             if W == 16 {
-                ymm_pass::<8>(
-                    m.kind,
-                    group,
-                    h,
-                    m.blocks(),
-                    x.as_ptr().add(t0 * m.k),
-                    m.k,
-                    out.add(t0 * ld + 8 * h),
-                    ld,
-                    rows,
-                );
-                ymm_pass::<8>(
-                    m.kind,
-                    group,
-                    h,
-                    m.blocks(),
-                    x.as_ptr().add((t0 + 8) * m.k),
-                    m.k,
-                    out.add((t0 + 8) * ld + 8 * h),
-                    ld,
-                    rows,
-                );
+                ymm_pass::<8>(w, k, x.as_ptr().add(t0 * k), out.add(t0 * ld), ld, rows);
+                let t1 = t0 + 8;
+                ymm_pass::<8>(w, k, x.as_ptr().add(t1 * k), out.add(t1 * ld), ld, rows);
             } else {
-                ymm_pass::<W>(
-                    m.kind,
-                    group,
-                    h,
-                    m.blocks(),
-                    x.as_ptr().add(t0 * m.k),
-                    m.k,
-                    out.add(t0 * ld + 8 * h),
-                    ld,
-                    rows,
-                );
+                ymm_pass::<W>(w, k, x.as_ptr().add(t0 * k), out.add(t0 * ld), ld, rows);
             }
         });
     }
 }
 
-/// [`zmm_pass`] for half `h` of a 4-bit group: `T` tokens, `rows` of its eight lanes stored.
+/// Half `h` of a 4-bit group's weights, element after element, eight lanes each, into `w`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn ymm_pass<const T: usize>(
-    kind: GgmlType,
-    group: *const u8,
-    h: usize,
-    blocks: usize,
-    x: *const f32,
-    k: usize,
-    out: *mut f32,
-    ld: usize,
-    rows: usize,
-) {
-    let mut acc = [_mm256_setzero_ps(); T]; // [token] × eight rows
+unsafe fn decode_ymm(kind: GgmlType, group: *const u8, h: usize, blocks: usize, w: *mut f32) {
     let scales = group.add(blocks * quant_bytes(kind) + 16 * h);
     let nibble = _mm256_set1_epi32(0x0F);
     let magic = _mm256_set1_epi32(MAGIC.to_bits() as i32);
@@ -330,22 +298,19 @@ unsafe fn ymm_pass<const T: usize>(
         } else {
             _mm256_setzero_ps() // unused
         };
-        let xb = x.add(b * BLOCK);
+        let wb = w.add(b * BLOCK * 8);
         let q = group.add(b * quant_bytes(kind) + 32 * h);
-        // as `zmm_pass`'s, with an AND and an OR for the ternary logic
-        macro_rules! step {
+        // as `decode_zmm`'s, with an AND and an OR for the ternary logic
+        macro_rules! store {
             ($bits:expr, $e:expr) => {{
-                let (bits, e) = ($bits, $e);
-                let q = _mm256_or_si256(_mm256_and_si256(bits, nibble), magic);
-                let w = _mm256_mul_ps(d, _mm256_sub_ps(_mm256_castsi256_ps(q), unbias));
-                let w = if kind == GgmlType::Q4_1 {
-                    _mm256_add_ps(w, offset)
+                let q = _mm256_or_si256(_mm256_and_si256($bits, nibble), magic);
+                let v = _mm256_mul_ps(d, _mm256_sub_ps(_mm256_castsi256_ps(q), unbias));
+                let v = if kind == GgmlType::Q4_1 {
+                    _mm256_add_ps(v, offset)
                 } else {
-                    w
+                    v
                 };
-                for (t, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(w, _mm256_set1_ps(*xb.add(t * k + e)), *a);
-                }
+                _mm256_storeu_ps(wb.add($e * 8), v);
             }};
         }
         for high in [false, true] {
@@ -353,11 +318,30 @@ unsafe fn ymm_pass<const T: usize>(
                 let v = _mm256_loadu_si256(q.add(64 * c) as *const __m256i);
                 let v = if high { _mm256_srli_epi32::<4>(v) } else { v };
                 let e = usize::from(high) * 16 + 4 * c;
-                step!(v, e);
-                step!(_mm256_srli_epi32::<8>(v), e + 1);
-                step!(_mm256_srli_epi32::<16>(v), e + 2);
-                step!(_mm256_srli_epi32::<24>(v), e + 3);
+                store!(v, e);
+                store!(_mm256_srli_epi32::<8>(v), e + 1);
+                store!(_mm256_srli_epi32::<16>(v), e + 2);
+                store!(_mm256_srli_epi32::<24>(v), e + 3);
             }
+        }
+    }
+}
+
+/// [`zmm_pass`] on a decoded half group: `T` tokens, `rows` of the eight lanes stored.
+#[inline(always)]
+unsafe fn ymm_pass<const T: usize>(
+    w: *const f32,
+    k: usize,
+    x: *const f32,
+    out: *mut f32,
+    ld: usize,
+    rows: usize,
+) {
+    let mut acc = [_mm256_setzero_ps(); T]; // [token] × eight rows
+    for kk in 0..k {
+        let wv = _mm256_loadu_ps(w.add(kk * 8));
+        for (t, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_fmadd_ps(wv, _mm256_set1_ps(*x.add(t * k + kk)), *a);
         }
     }
     let mut lanes = [0f32; 8];
@@ -387,7 +371,7 @@ mod tests {
         let n = 37;
         let order: Vec<u32> = (0..n as u32).map(|r| (r * 7 + 3) % n as u32).collect();
         for kind in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
-            if !super::super::dot_interleaved::takes(kind) {
+            if !takes(kind) {
                 continue;
             }
             for k in [64, 320] {
@@ -410,7 +394,7 @@ mod tests {
                         "{} k={k}, {tokens} tokens",
                         kind.name()
                     );
-                    // the prompt path picks these kernels or the tiles by length: the same bits
+                    // and through the prompt path, which routes regrouped matrices here
                     let mut routed = vec![f32::NAN; tokens * n];
                     matmul_on(&regrouped, x, tokens, &mut routed, true);
                     assert_eq!(
@@ -422,6 +406,7 @@ mod tests {
                     // and the AVX2 kernel, where the CPU runs it, for the 4-bit types
                     if kind != GgmlType::Q8_0 && crate::isa::avx2() {
                         let mut ymm = vec![f32::NAN; tokens * n];
+                        let mut decoded = vec![0f32; k * LANES];
                         for g in 0..n.div_ceil(LANES) {
                             let lanes = LANES.min(n - g * LANES);
                             // SAFETY: AVX2 checked; the group's columns of `ymm` exist
@@ -434,6 +419,7 @@ mod tests {
                                     ymm.as_mut_ptr().add(g * LANES),
                                     n,
                                     lanes,
+                                    &mut decoded,
                                 )
                             };
                         }
@@ -453,7 +439,7 @@ mod tests {
     fn several_matrices_share_one_job_and_keep_their_own_results() {
         let k = 96;
         let kind = GgmlType::Q4_1;
-        if !super::super::dot_interleaved::takes(kind) {
+        if !takes(kind) {
             return;
         }
         let ms: Vec<_> = [(40, 1), (13, 2), (17, 3)]
