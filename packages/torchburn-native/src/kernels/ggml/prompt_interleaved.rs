@@ -4,17 +4,18 @@
 //! (row, token) sums its products by fused multiply-adds in order of k, from zero. For regrouped
 //! matrices the tiles would first gather every row back out of its group, which costs more than the
 //! products themselves for prompts of a few dozen tokens. Here a register lane is a row, as in the
-//! decode kernels: a group's weights are decoded once, per element k one vector of its sixteen rows
-//! (the integer, exact as a float; times the block's scale; the Q4_1 offset added, each rounded
-//! once, as the row decoder does), into a buffer in L1 or L2; then each pass of up to sixteen tokens
-//! runs over the buffer, one fused multiply-add per element and token with the token's element
-//! broadcast. Each (row, token) therefore takes the tiles' operations in the tiles' order, and a
+//! decode kernels: a slice of a group's weights is decoded once, per element k one vector of its
+//! sixteen rows (the integer, exact as a float; times the block's scale; the Q4_1 offset added, each
+//! rounded once, as the row decoder does), into a buffer in L1; then each pass of up to sixteen
+//! tokens runs over the buffer, one fused multiply-add per element and token with the token's
+//! element broadcast, its sums carried from one slice to the next through the output as stored. Each (row, token) therefore takes the tiles' operations in the tiles' order, and a
 //! prompt gives the same bits here as on the tiles, at every length and level.
 //!
 //! 4-bit integers become floats without a conversion: the nibble OR'd into the bits of 2^23 reads
 //! as 2^23 + q, and subtracting 2^23 (plus Q4_0's 8) leaves q (or q - 8), exactly.
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 use super::interleaved::{quant_bytes, Interleaved, LANES};
 use super::GgmlType;
@@ -22,6 +23,9 @@ use crate::threads::{self, SendPtr};
 
 /// Elements per block of the regrouped types.
 const BLOCK: usize = 32;
+/// Elements of k decoded at a time: sixteen rows of them take 16 KiB, and sixteen tokens' stretch of
+/// them as much again, so both stay in L1 however long the rows.
+const K_SLICE: usize = 256;
 /// 2^23: a float whose last mantissa bits are an integer below it.
 const MAGIC: f32 = 8_388_608.0;
 
@@ -52,7 +56,7 @@ pub fn matmul_many(ms: &[&Interleaved], x: &[f32], tokens: usize, outs: &mut [&m
     }
     let ptrs: Vec<SendPtr<f32>> = outs.iter_mut().map(|o| SendPtr(o.as_mut_ptr())).collect();
     threads::par_ranges(firsts[ms.len()], 1, |lo, hi| {
-        let mut decoded = vec![0f32; k * LANES];
+        let mut decoded = vec![0f32; K_SLICE * LANES];
         for g in lo..hi {
             let i = firsts.partition_point(|&f| f <= g) - 1;
             let (m, g) = (ms[i], g - firsts[i]);
@@ -65,7 +69,7 @@ pub fn matmul_many(ms: &[&Interleaved], x: &[f32], tokens: usize, outs: &mut [&m
 }
 
 /// Group `g`'s rows times every token: `out[t·ld + i]` for lanes `i` that are rows of `m`;
-/// `decoded` (`k · 16` long) holds the group's decoded weights meanwhile.
+/// `decoded` (`K_SLICE · 16` long) holds a slice of the group's decoded weights meanwhile.
 ///
 /// # Safety
 /// `out` valid for those writes; `m` regrouped at the running level; `x` `tokens · k` long.
@@ -78,7 +82,7 @@ unsafe fn group_product(
     ld: usize,
     decoded: &mut [f32],
 ) {
-    assert_eq!(decoded.len(), m.k * LANES, "a group's decoded weights");
+    assert_eq!(decoded.len(), K_SLICE * LANES, "a slice of decoded weights");
     let lanes = LANES.min(m.n - g * LANES);
     if crate::isa::avx512() {
         group_zmm(m, g, x, tokens, out, ld, lanes, decoded)
@@ -130,27 +134,49 @@ unsafe fn group_zmm(
     lanes: usize,
     decoded: &mut [f32],
 ) {
-    decode_zmm(
-        m.kind,
-        m.group(g).as_ptr(),
-        m.blocks(),
-        decoded.as_mut_ptr(),
-    );
     let mask = ((1u32 << lanes) - 1) as __mmask16;
-    let (w, k) = (decoded.as_ptr(), m.k);
-    passes!(tokens, |t0, W| zmm_pass::<W>(
-        w,
-        k,
-        x.as_ptr().add(t0 * k),
-        out.add(t0 * ld),
-        ld,
-        mask
-    ));
+    let (group, k) = (m.group(g).as_ptr(), m.k);
+    for k0 in (0..k).step_by(K_SLICE) {
+        let len = K_SLICE.min(k - k0);
+        let w = decoded.as_mut_ptr();
+        decode_zmm(m.kind, group, m.blocks(), k0 / BLOCK..(k0 + len) / BLOCK, w);
+        let slice = Slice {
+            w,
+            len,
+            x: x.as_ptr().add(k0),
+            k,
+            first: k0 == 0,
+        };
+        passes!(tokens, |t0, W| zmm_pass::<W>(
+            &slice,
+            t0,
+            out.add(t0 * ld),
+            ld,
+            mask
+        ));
+    }
 }
 
-/// A group's weights, element after element, sixteen lanes each, into `w` (`blocks · 32 · 16`).
+/// A decoded slice of a group: `len` elements from `x`'s columns on, rows of `x` `k` apart; `first`
+/// when the sums start here (else they continue from the output).
+struct Slice {
+    w: *const f32,
+    len: usize,
+    x: *const f32,
+    k: usize,
+    first: bool,
+}
+
+/// Blocks `bs` of a group's weights (of `blocks`), element after element, sixteen lanes each, into
+/// `w` (`bs.len() · 32 · 16`).
 #[inline(always)]
-unsafe fn decode_zmm(kind: GgmlType, group: *const u8, blocks: usize, w: *mut f32) {
+unsafe fn decode_zmm(
+    kind: GgmlType,
+    group: *const u8,
+    blocks: usize,
+    bs: Range<usize>,
+    w: *mut f32,
+) {
     let scales = group.add(blocks * quant_bytes(kind));
     let nibble = _mm512_set1_epi32(0x0F);
     let magic = _mm512_set1_epi32(MAGIC.to_bits() as i32);
@@ -166,9 +192,9 @@ unsafe fn decode_zmm(kind: GgmlType, group: *const u8, blocks: usize, w: *mut f3
             _mm512_cvtph_ps(_mm256_loadu_si256(scales.add($at) as *const __m256i))
         };
     }
-    for b in 0..blocks {
+    for b in bs.clone() {
         let d = half!(b * 2 * LANES);
-        let wb = w.add(b * BLOCK * LANES);
+        let wb = w.add((b - bs.start) * BLOCK * LANES);
         let q = group.add(b * quant_bytes(kind));
         if kind == GgmlType::Q8_0 {
             // chunk c: elements 2c and 2c + 1 of each row, an i16 pair per lane once widened
@@ -217,21 +243,28 @@ unsafe fn decode_zmm(kind: GgmlType, group: *const u8, blocks: usize, w: *mut f3
     }
 }
 
-/// `T` tokens (rows of `x`, `k` apart) against a decoded group `w`, into `out` (rows `ld` apart).
+/// Tokens `t0..t0 + T` against a decoded slice, into `out` (token rows `ld` apart).
 #[inline(always)]
 unsafe fn zmm_pass<const T: usize>(
-    w: *const f32,
-    k: usize,
-    x: *const f32,
+    s: &Slice,
+    t0: usize,
     out: *mut f32,
     ld: usize,
     mask: __mmask16,
 ) {
-    let mut acc = [_mm512_setzero_ps(); T]; // [token] × sixteen rows
-    for kk in 0..k {
-        let wv = _mm512_loadu_ps(w.add(kk * LANES));
+    // [token] × sixteen rows: the sums so far, exactly as stored (a loop, not `array::from_fn`: its
+    // closure would not take this function's instruction sets)
+    let mut acc = [_mm512_setzero_ps(); T];
+    if !s.first {
         for (t, a) in acc.iter_mut().enumerate() {
-            *a = _mm512_fmadd_ps(wv, _mm512_set1_ps(*x.add(t * k + kk)), *a);
+            *a = _mm512_maskz_loadu_ps(mask, out.add(t * ld));
+        }
+    }
+    let x = s.x.add(t0 * s.k);
+    for kk in 0..s.len {
+        let wv = _mm512_loadu_ps(s.w.add(kk * LANES));
+        for (t, a) in acc.iter_mut().enumerate() {
+            *a = _mm512_fmadd_ps(wv, _mm512_set1_ps(*x.add(t * s.k + kk)), *a);
         }
     }
     for (t, a) in acc.iter().enumerate() {
@@ -258,26 +291,50 @@ unsafe fn group_ymm(
         "Q8_0 is regrouped only for AVX-512"
     );
     let (group, k) = (m.group(g).as_ptr(), m.k);
-    let w = decoded.as_mut_ptr();
     for h in 0..lanes.div_ceil(8) {
-        decode_ymm(m.kind, group, h, m.blocks(), w);
         let rows = (lanes - 8 * h).min(8);
         let out = out.add(8 * h);
-        passes!(tokens, |t0, W| {
-            if W == 16 {
-                ymm_pass::<8>(w, k, x.as_ptr().add(t0 * k), out.add(t0 * ld), ld, rows);
-                let t1 = t0 + 8;
-                ymm_pass::<8>(w, k, x.as_ptr().add(t1 * k), out.add(t1 * ld), ld, rows);
-            } else {
-                ymm_pass::<W>(w, k, x.as_ptr().add(t0 * k), out.add(t0 * ld), ld, rows);
-            }
-        });
+        for k0 in (0..k).step_by(K_SLICE) {
+            let len = K_SLICE.min(k - k0);
+            let w = decoded.as_mut_ptr();
+            decode_ymm(
+                m.kind,
+                group,
+                h,
+                m.blocks(),
+                k0 / BLOCK..(k0 + len) / BLOCK,
+                w,
+            );
+            let slice = Slice {
+                w,
+                len,
+                x: x.as_ptr().add(k0),
+                k,
+                first: k0 == 0,
+            };
+            passes!(tokens, |t0, W| {
+                if W == 16 {
+                    ymm_pass::<8>(&slice, t0, out.add(t0 * ld), ld, rows);
+                    ymm_pass::<8>(&slice, t0 + 8, out.add((t0 + 8) * ld), ld, rows);
+                } else {
+                    ymm_pass::<W>(&slice, t0, out.add(t0 * ld), ld, rows);
+                }
+            });
+        }
     }
 }
 
-/// Half `h` of a 4-bit group's weights, element after element, eight lanes each, into `w`.
+/// Blocks `bs` of half `h` of a 4-bit group's weights, element after element, eight lanes each, into
+/// `w`.
 #[inline(always)]
-unsafe fn decode_ymm(kind: GgmlType, group: *const u8, h: usize, blocks: usize, w: *mut f32) {
+unsafe fn decode_ymm(
+    kind: GgmlType,
+    group: *const u8,
+    h: usize,
+    blocks: usize,
+    bs: Range<usize>,
+    w: *mut f32,
+) {
     let scales = group.add(blocks * quant_bytes(kind) + 16 * h);
     let nibble = _mm256_set1_epi32(0x0F);
     let magic = _mm256_set1_epi32(MAGIC.to_bits() as i32);
@@ -291,14 +348,14 @@ unsafe fn decode_ymm(kind: GgmlType, group: *const u8, h: usize, blocks: usize, 
             _mm256_cvtph_ps(_mm_loadu_si128(scales.add($at) as *const __m128i))
         };
     }
-    for b in 0..blocks {
+    for b in bs.clone() {
         let d = half!(b * 2 * LANES);
         let offset = if kind == GgmlType::Q4_1 {
             half!((blocks + b) * 2 * LANES)
         } else {
             _mm256_setzero_ps() // unused
         };
-        let wb = w.add(b * BLOCK * 8);
+        let wb = w.add((b - bs.start) * BLOCK * 8);
         let q = group.add(b * quant_bytes(kind) + 32 * h);
         // as `decode_zmm`'s, with an AND and an OR for the ternary logic
         macro_rules! store {
@@ -327,24 +384,29 @@ unsafe fn decode_ymm(kind: GgmlType, group: *const u8, h: usize, blocks: usize, 
     }
 }
 
-/// [`zmm_pass`] on a decoded half group: `T` tokens, `rows` of the eight lanes stored.
+/// [`zmm_pass`] on a decoded slice of a half group: `rows` of the eight lanes loaded and stored.
 #[inline(always)]
-unsafe fn ymm_pass<const T: usize>(
-    w: *const f32,
-    k: usize,
-    x: *const f32,
-    out: *mut f32,
-    ld: usize,
-    rows: usize,
-) {
-    let mut acc = [_mm256_setzero_ps(); T]; // [token] × eight rows
-    for kk in 0..k {
-        let wv = _mm256_loadu_ps(w.add(kk * 8));
+unsafe fn ymm_pass<const T: usize>(s: &Slice, t0: usize, out: *mut f32, ld: usize, rows: usize) {
+    let mut lanes = [0f32; 8];
+    // [token] × eight rows: the sums so far, exactly as stored
+    let mut acc = [_mm256_setzero_ps(); T];
+    if !s.first {
         for (t, a) in acc.iter_mut().enumerate() {
-            *a = _mm256_fmadd_ps(wv, _mm256_set1_ps(*x.add(t * k + kk)), *a);
+            if rows == 8 {
+                *a = _mm256_loadu_ps(out.add(t * ld));
+            } else {
+                std::ptr::copy_nonoverlapping(out.add(t * ld), lanes.as_mut_ptr(), rows);
+                *a = _mm256_loadu_ps(lanes.as_ptr());
+            }
         }
     }
-    let mut lanes = [0f32; 8];
+    let x = s.x.add(t0 * s.k);
+    for kk in 0..s.len {
+        let wv = _mm256_loadu_ps(s.w.add(kk * 8));
+        for (t, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_fmadd_ps(wv, _mm256_set1_ps(*x.add(t * s.k + kk)), *a);
+        }
+    }
     for (t, a) in acc.iter().enumerate() {
         if rows == 8 {
             _mm256_storeu_ps(out.add(t * ld), *a);
@@ -374,7 +436,8 @@ mod tests {
             if !takes(kind) {
                 continue;
             }
-            for k in [64, 320] {
+            // one slice, several with a short last one
+            for k in [64, 320, 608] {
                 let rows = || matrix(kind, n, k, 5).with_row_order(order.clone()).unwrap();
                 let (stored, regrouped) = (rows(), rows().interleaved_for_this_cpu());
                 assert!(regrouped.is_interleaved());
@@ -406,7 +469,7 @@ mod tests {
                     // and the AVX2 kernel, where the CPU runs it, for the 4-bit types
                     if kind != GgmlType::Q8_0 && crate::isa::avx2() {
                         let mut ymm = vec![f32::NAN; tokens * n];
-                        let mut decoded = vec![0f32; k * LANES];
+                        let mut decoded = vec![0f32; K_SLICE * LANES];
                         for g in 0..n.div_ceil(LANES) {
                             let lanes = LANES.min(n - g * LANES);
                             // SAFETY: AVX2 checked; the group's columns of `ymm` exist
