@@ -8,8 +8,9 @@
 //! sixteen rows (the integer, exact as a float; times the block's scale; the Q4_1 offset added, each
 //! rounded once, as the row decoder does), into a buffer in L1; then each pass of up to sixteen
 //! tokens runs over the buffer, one fused multiply-add per element and token with the token's
-//! element broadcast, its sums carried from one slice to the next through the output as stored. Each (row, token) therefore takes the tiles' operations in the tiles' order, and a
-//! prompt gives the same bits here as on the tiles, at every length and level.
+//! element broadcast, its sums carried from one slice to the next through the output as stored.
+//! Each (row, token) therefore takes the tiles' operations in the tiles' order, and a prompt gives
+//! the same bits here as on the tiles, at every length and level.
 //!
 //! 4-bit integers become floats without a conversion: the nibble OR'd into the bits of 2^23 reads
 //! as 2^23 + q, and subtracting 2^23 (plus Q4_0's 8) leaves q (or q - 8), exactly.
