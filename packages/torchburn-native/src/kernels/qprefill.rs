@@ -119,48 +119,22 @@ fn matmul_many_on(
         assert_eq!(out.len(), tokens * m.shape().0, "output length");
     }
     // the K-quants take their integer tiles (see `ggml::kprefill`), whatever they are grouped with
-    if ms.iter().any(|m| k_quant(*m).is_some()) {
-        let (mut k_ms, mut k_outs, mut rest, mut rest_outs) = (vec![], vec![], vec![], vec![]);
-        for (m, out) in ms.iter().zip(outs.iter_mut()) {
-            match k_quant(*m) {
-                Some(g) => {
-                    k_ms.push(g);
-                    k_outs.push(&mut **out);
-                }
-                None => {
-                    rest.push(*m);
-                    rest_outs.push(&mut **out);
-                }
-            }
-        }
-        kprefill::matmul_many_on(&k_ms, x, tokens, &mut k_outs, simd);
-        if !rest.is_empty() {
-            matmul_many_on(&rest, x, tokens, &mut rest_outs, simd);
-        }
+    let on_k_tiles = |gs: &[&GgmlMatrix], outs: &mut [&mut [f32]]| {
+        kprefill::matmul_many_on(gs, x, tokens, outs, simd)
+    };
+    if route(ms, x, tokens, outs, simd, k_quant, on_k_tiles) {
         return;
     }
     // regrouped matrices take their own kernels, which give the tiles' sums bit for bit without
     // gathering rows out of the groups (see `ggml::prompt_interleaved`)
     #[cfg(target_arch = "x86_64")]
-    if simd && ms.iter().any(|m| regrouped(*m).is_some()) {
-        let (mut r_ms, mut r_outs, mut rest, mut rest_outs) = (vec![], vec![], vec![], vec![]);
-        for (m, out) in ms.iter().zip(outs.iter_mut()) {
-            match regrouped(*m) {
-                Some(r) => {
-                    r_ms.push(r);
-                    r_outs.push(&mut **out);
-                }
-                None => {
-                    rest.push(*m);
-                    rest_outs.push(&mut **out);
-                }
-            }
+    if simd {
+        let on_groups = |rs: &[&Interleaved], outs: &mut [&mut [f32]]| {
+            prompt_interleaved::matmul_many(rs, x, tokens, outs)
+        };
+        if route(ms, x, tokens, outs, simd, regrouped, on_groups) {
+            return;
         }
-        prompt_interleaved::matmul_many(&r_ms, x, tokens, &mut r_outs);
-        if !rest.is_empty() {
-            matmul_many_on(&rest, x, tokens, &mut rest_outs, simd);
-        }
-        return;
     }
     // xt[kk·stride + t] = x[t·k + kk], tokens padded with zeros to whole vectors
     let stride = tokens.next_multiple_of(LANES);
@@ -209,6 +183,40 @@ fn matmul_many_on(
             unsafe { group_product(w, rows, k, xt, stride, tokens, out.get().add(r0), n, simd) };
         }
     });
+}
+
+/// Where `pick` takes any of `ms` (as what it returns), runs those through `run` and the rest
+/// through this path (recursively: the rest may go elsewhere again), and says so.
+fn route<'m, T>(
+    ms: &[&'m dyn RowSource],
+    x: &[f32],
+    tokens: usize,
+    outs: &mut [&mut [f32]],
+    simd: bool,
+    pick: impl Fn(&'m dyn RowSource) -> Option<T>,
+    run: impl FnOnce(&[T], &mut [&mut [f32]]),
+) -> bool {
+    if !ms.iter().any(|&m| pick(m).is_some()) {
+        return false;
+    }
+    let (mut picked, mut picked_outs, mut rest, mut rest_outs) = (vec![], vec![], vec![], vec![]);
+    for (&m, out) in ms.iter().zip(outs.iter_mut()) {
+        match pick(m) {
+            Some(p) => {
+                picked.push(p);
+                picked_outs.push(&mut **out);
+            }
+            None => {
+                rest.push(m);
+                rest_outs.push(&mut **out);
+            }
+        }
+    }
+    run(&picked, &mut picked_outs);
+    if !rest.is_empty() {
+        matmul_many_on(&rest, x, tokens, &mut rest_outs, simd);
+    }
+    true
 }
 
 /// `m`'s regrouped weights, where the running level's prompt kernels take them.

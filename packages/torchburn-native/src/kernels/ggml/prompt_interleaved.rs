@@ -522,4 +522,31 @@ mod tests {
             assert_eq!(got, &alone, "n = {}", m.n);
         }
     }
+
+    #[test]
+    fn a_mixed_projection_sends_each_matrix_to_its_own_kernel() {
+        // regrouped 4-bit, Q8_0 (regrouped only on AVX-512), a K-quant and rows as stored, side by
+        // side in one call as q, k and v are: each gets the bits it gets alone
+        let k = 256;
+        let ms = [
+            matrix(GgmlType::Q4_1, 24, k, 1).interleaved_for_this_cpu(),
+            matrix(GgmlType::Q8_0, 19, k, 2).interleaved_for_this_cpu(),
+            matrix(GgmlType::Q4K, 8, k, 3),
+            matrix(GgmlType::Q5_0, 5, k, 4),
+        ];
+        let tokens = 13;
+        let x = centered(tokens * k, 6);
+        let sources: Vec<&dyn crate::kernels::qprefill::RowSource> = ms
+            .iter()
+            .map(|m| m as &dyn crate::kernels::qprefill::RowSource)
+            .collect();
+        let mut together: Vec<Vec<f32>> = ms.iter().map(|m| vec![f32::NAN; tokens * m.n]).collect();
+        let mut outs: Vec<&mut [f32]> = together.iter_mut().map(|o| &mut o[..]).collect();
+        crate::kernels::qprefill::matmul_sources(&sources, &x, tokens, &mut outs);
+        for (m, got) in ms.iter().zip(&together) {
+            let mut alone = vec![0f32; tokens * m.n];
+            matmul_on(m, &x, tokens, &mut alone, true);
+            assert_eq!(got, &alone, "{}", m.kind.name());
+        }
+    }
 }
