@@ -96,7 +96,8 @@ def test_the_accuracy_tables_against_a_stand_in_for_llama_cpp(
     from torchburn_cli import app
 
     ids = smollm2.encode(acc.evaluation_text())[:120]
-    exact = acc.teacher_forced_logits(LLM.from_pretrained(None, quant="fp32"), ids, "prefill")  # [119, V]
+    exact_llm = LLM.from_pretrained(None, quant="fp32")
+    exact = acc.teacher_forced_logits(exact_llm, ids, "prefill")  # [119, V]
     # the stand-in's prompt path is the exact computation with every fourth choice flipped, its decode path
     # the exact computation itself
     prompt = exact.clone()
@@ -109,7 +110,7 @@ def test_the_accuracy_tables_against_a_stand_in_for_llama_cpp(
 
     monkeypatch.setattr(llamacpp_peer, "teacher_forced_logits", stand_in)
     monkeypatch.setattr(llamacpp_peer, "system_info", lambda: "stand-in")
-    app._accuracy_against_llama_cpp(None, ids, ["stored"])
+    app._accuracy_against_llama_cpp(None, exact_llm, ids, ["stored"])
     first, second = capsys.readouterr().out.split("Against the exact computation")
     flipped = f"{100 * (1 - len(rows) / 119):.2f}%"
     # against the stand-in's prompt path: its own decode path misses exactly the flipped rows, by 0.5

@@ -238,12 +238,13 @@ def accuracy(
     against the exact computation of the file: its weights dequantized to fp32, and fp32 throughout."""
     from torchburn_llm import accuracy as acc
 
-    reference: Any = _load(model, "stored" if llama_cpp else "fp32", "cpu")
+    # the fp32 model: the reference, or with --llama-cpp the file's exact computation
+    reference: Any = _load(model, "fp32", "cpu")
     ids = reference.encode(acc.evaluation_text())[:tokens]
     if len(ids) < tokens:
         raise ValueError(f"the evaluation text has only {len(ids)} tokens")
     if llama_cpp:
-        _accuracy_against_llama_cpp(model, ids, quant or ["stored"])
+        _accuracy_against_llama_cpp(model, reference, ids, quant or ["stored"])
         return
     rows = []
     for q in quant or ["int8", "int4"]:
@@ -254,8 +255,9 @@ def accuracy(
         print(r.row())
 
 
-def _accuracy_against_llama_cpp(model: str | None, ids: list[int], quants: list[str]) -> None:
-    """The accuracy command's tables with --llama-cpp (see ``accuracy``)."""
+def _accuracy_against_llama_cpp(model: str | None, exact_llm: Any, ids: list[int], quants: list[str]) -> None:
+    """The accuracy command's tables with --llama-cpp (see ``accuracy``); ``exact_llm`` is the file's
+    weights dequantized to fp32."""
     import torch
 
     from torchburn_llm import accuracy as acc
@@ -269,9 +271,7 @@ def _accuracy_against_llama_cpp(model: str | None, ids: list[int], quants: list[
     # same file drift when only their rounding differs, the floor for reading the rows below
     decode = llamacpp_peer.teacher_forced_logits(path, ids[:-1], threads, chunk=1)
     stable = acc.self_agreement(prompt, decode, count)
-    exact_llm = _load(model, "fp32", "cpu")
     exact = acc.teacher_forced_logits(exact_llm, ids, "prefill")
-    del exact_llm
     logits = [("llama.cpp", "prefill", prompt), ("llama.cpp", "decode", decode)]
     for q in quants:
         candidate = _load(model, q, "cpu")
