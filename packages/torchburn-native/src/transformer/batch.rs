@@ -13,9 +13,10 @@
 //! [`project_tokens`]) and every other operation is the step's own function on the same row, so a
 //! batch gives each sequence the logits [`Decoder::step`] gives it.
 
+use super::attention::{attend_heads, Scoring, PARALLEL_ATTENTION_MIN};
 use super::decoder::{
-    add_into, attend, rms_norm, rms_norm_in_place, rotate, scale_in_place, slice, soft_cap,
-    CacheIo, Decoder, Scoring, PARALLEL_ATTENTION_MIN,
+    add_into, rms_norm, rms_norm_in_place, rotate, scale_in_place, slice, soft_cap, CacheIo,
+    Decoder,
 };
 use super::project::{project_tokens, project_tokens_to, RowOutputs};
 use crate::threads::{self, SendPtr};
@@ -163,8 +164,10 @@ impl Decoder {
             })
             .collect();
         let out_ptr = SendPtr(out.as_mut_ptr());
-        let head = |task: usize, scores: &mut [f32]| {
-            let (r, hi) = (task / heads, task % heads);
+        let kvh = d.kv_heads;
+        // one task per (sequence, KV head): the query heads sharing that KV head run together
+        let group_of = |task: usize, scores: &mut [f32]| {
+            let (r, g) = (task / kvh, task % kvh);
             let Seen {
                 first,
                 count: seen,
@@ -172,29 +175,30 @@ impl Decoder {
                 values,
                 capacity,
             } = seqs[r];
-            let at = ((hi / group) * capacity + first) * hd;
+            let at = (g * capacity + first) * hd;
+            let heads_at = (r * heads + g * group) * hd;
             // SAFETY: sequence r's cache holds `capacity` positions of every KV head of this layer;
-            // task (r, hi) writes its own head's slice of row r of `out`
+            // task (r, g) writes its own heads' slice of row r of `out`
             let (kc, vc, o) = unsafe {
                 (
                     std::slice::from_raw_parts(keys.get().add(at), seen * hd),
                     std::slice::from_raw_parts(values.get().add(at), seen * hd),
-                    std::slice::from_raw_parts_mut(out_ptr.get().add((r * heads + hi) * hd), hd),
+                    std::slice::from_raw_parts_mut(out_ptr.get().add(heads_at), group * hd),
                 )
             };
-            let qh = &q[(r * heads + hi) * hd..][..hd];
-            attend(qh, kc, vc, &scoring, &mut scores[..seen], o);
+            let qs = &q[heads_at..][..group * hd];
+            attend_heads(qs, hd, kc, vc, &scoring, &mut scores[..group * seen], o);
         };
         let total: usize = seqs.iter().map(|s| s.count).sum::<usize>() * heads;
         let longest = seqs.iter().map(|s| s.count).max().unwrap_or(0);
         if total >= PARALLEL_ATTENTION_MIN {
-            threads::parallel_for(seqs.len() * heads, |task| {
-                head(task, &mut vec![0f32; longest])
+            threads::parallel_for(seqs.len() * kvh, |task| {
+                group_of(task, &mut vec![0f32; group * longest])
             });
         } else {
-            let mut scores = vec![0f32; longest];
-            for task in 0..seqs.len() * heads {
-                head(task, &mut scores);
+            let mut scores = vec![0f32; group * longest];
+            for task in 0..seqs.len() * kvh {
+                group_of(task, &mut scores);
             }
         }
     }

@@ -20,9 +20,9 @@ use std::sync::Arc;
 
 use torchburn_native_macros::isa_versions;
 
+use super::attention::{attend, Scoring, PARALLEL_ATTENTION_MIN};
 use super::project::project_tokens;
 use crate::kernels::ggml::GgmlMatrix;
-use crate::kernels::lanes::{max16, sum16};
 use crate::kernels::math::{exp_f32, gelu_tanh_f32, tanh_f32};
 use crate::kernels::quant::QMatrix;
 use crate::threads;
@@ -406,7 +406,7 @@ pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// Sixteen running sums, so the loop vectorizes in a fixed order; inlined into callers compiled per ISA.
 #[inline(always)]
-fn dot16(a: &[f32], b: &[f32]) -> f32 {
+pub(super) fn dot16(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 16];
     let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
     let tail: f32 = ca
@@ -440,151 +440,6 @@ pub(crate) fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32]) {
         let (a, b) = (x[i], x[i + half]);
         x[i] = a * cos[i] - b * sin[i];
         x[i + half] = b * cos[i + half] + a * sin[i + half];
-    }
-}
-
-/// Heads × cached positions below which a step's attention stays on the calling thread.
-pub(super) const PARALLEL_ATTENTION_MIN: usize = 512;
-
-/// How attention scores are made from `q·k`: scaled, then capped if the family caps them.
-#[derive(Clone, Copy)]
-pub(crate) struct Scoring {
-    pub scale: f32,
-    pub softcap: Option<f32>,
-}
-
-impl Scoring {
-    pub(crate) fn of(d: &Dims) -> Scoring {
-        Scoring {
-            scale: d.attn_scale,
-            softcap: d.attn_softcap,
-        }
-    }
-}
-
-/// One query over `n` cached keys/values (`n × D` each): softmax(cap(q·K · scale)) · V into `out`.
-#[isa_versions]
-pub(super) fn attend(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    scoring: &Scoring,
-    scores: &mut [f32],
-    out: &mut [f32],
-) {
-    let hd = q.len();
-    let scale = scoring.scale;
-    let simd = avx512_rows(hd);
-    if simd {
-        // SAFETY: `avx512_rows` checked the CPU; `keys` holds `scores.len()` rows of `hd`
-        #[cfg(target_arch = "x86_64")]
-        unsafe {
-            scores_avx512(q, keys, scale, scores)
-        };
-    } else {
-        for (s, k) in scores.iter_mut().zip(keys.chunks_exact(hd)) {
-            *s = dot16(q, k) * scale;
-        }
-    }
-    if let Some(cap) = scoring.softcap {
-        soft_cap(scores, cap);
-    }
-    let max = max16(scores);
-    // exp in a loop of its own, so that it vectorizes; the sum after it
-    for s in scores.iter_mut() {
-        *s = exp_f32(*s - max);
-    }
-    let total = sum16(scores);
-    for s in scores.iter_mut() {
-        *s /= total;
-    }
-    if simd {
-        // SAFETY: as above; `values` holds `scores.len()` rows of `out.len()`
-        #[cfg(target_arch = "x86_64")]
-        unsafe {
-            weighted_values_avx512(scores, values, out)
-        };
-    } else {
-        out.fill(0.0);
-        for (&p, v) in scores.iter().zip(values.chunks_exact(hd)) {
-            for (o, &x) in out.iter_mut().zip(v) {
-                *o += p * x;
-            }
-        }
-    }
-}
-
-/// Whether attention rows of `hd` floats take the AVX-512 loops below (same results as the portable
-/// ones, which the compiler vectorizes poorly).
-fn avx512_rows(hd: usize) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        hd.is_multiple_of(16) && crate::isa::avx512()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = hd;
-        false
-    }
-}
-
-/// `scores[j] = (q · keys[j]) · scale` for `hd` a multiple of 16, in `dot16`'s order (sixteen lanes,
-/// separate multiply and add, halving tree): the compiler turned the portable loop into four-lane
-/// pieces and a scalar sum per key, which made attention a tenth of a decode step.
-///
-/// # Safety
-/// The CPU must have AVX-512F; `keys` must hold `scores.len()` rows of `q.len()` floats.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn scores_avx512(q: &[f32], keys: &[f32], scale: f32, scores: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let hd = q.len();
-    for (j, s) in scores.iter_mut().enumerate() {
-        let k = keys.as_ptr().add(j * hd);
-        let mut acc = _mm512_setzero_ps();
-        for c in (0..hd).step_by(16) {
-            let p = _mm512_mul_ps(
-                _mm512_loadu_ps(q.as_ptr().add(c)),
-                _mm512_loadu_ps(k.add(c)),
-            );
-            acc = _mm512_add_ps(acc, p);
-        }
-        // a[i] + a[i + 8], then + 4, + 2, + 1
-        let a8 = _mm256_add_ps(
-            _mm512_castps512_ps256(acc),
-            _mm512_extractf32x8_ps::<1>(acc),
-        );
-        let a4 = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps::<1>(a8));
-        let a2 = _mm_add_ps(a4, _mm_movehl_ps(a4, a4));
-        let a1 = _mm_add_ss(a2, _mm_movehdup_ps(a2));
-        *s = _mm_cvtss_f32(a1) * scale;
-    }
-}
-
-/// `out = Σ_j probs[j] · values[j]` for `out.len()` a multiple of 16, each lane summed over the
-/// positions in order as the portable loop does. Four 16-lane sums run side by side, held in
-/// registers across all positions: one alone waits on its own add at every position.
-///
-/// # Safety
-/// The CPU must have AVX-512F; `values` must hold `probs.len()` rows of `out.len()` floats.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn weighted_values_avx512(probs: &[f32], values: &[f32], out: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let hd = out.len();
-    for c0 in (0..hd).step_by(64) {
-        let chunks = ((hd - c0) / 16).min(4);
-        let mut acc = [_mm512_setzero_ps(); 4];
-        for (j, &p) in probs.iter().enumerate() {
-            let p = _mm512_set1_ps(p);
-            let v = values.as_ptr().add(j * hd + c0);
-            for (c, a) in acc.iter_mut().enumerate().take(chunks) {
-                *a = _mm512_add_ps(*a, _mm512_mul_ps(p, _mm512_loadu_ps(v.add(16 * c))));
-            }
-        }
-        for (c, a) in acc.iter().enumerate().take(chunks) {
-            _mm512_storeu_ps(out.as_mut_ptr().add(c0 + 16 * c), *a);
-        }
     }
 }
 
@@ -710,86 +565,6 @@ mod tests {
         soft_cap(&mut x, 30.0);
         for (got, want) in x.iter().zip(want) {
             assert!((*got as f64 - want).abs() < 1e-5 * 30.0, "{got} vs {want}");
-        }
-    }
-
-    #[test]
-    fn attend_caps_and_scales_the_scores() {
-        let q = [2.0, 1.0];
-        let keys = [3.0, 0.0, 0.0, 1.0, -2.0, 1.0];
-        let values = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
-        let scoring = Scoring {
-            scale: 0.7,
-            softcap: Some(2.5),
-        };
-        let (mut scores, mut out) = ([0.0; 3], [0.0; 2]);
-        attend(&q, &keys, &values, &scoring, &mut scores, &mut out);
-        let s = [6.0f64, 1.0, -3.0].map(|v| (2.5 * (v * 0.7 / 2.5).tanh()).exp());
-        let z: f64 = s.iter().sum();
-        let want = [
-            (s[0] * 1.0 + s[1] * 3.0 + s[2] * 5.0) / z,
-            (s[0] * 2.0 + s[1] * 4.0 + s[2] * 6.0) / z,
-        ];
-        for (a, b) in out.iter().zip(want) {
-            assert!((*a as f64 - b).abs() < 1e-5, "{out:?} vs {want:?}");
-        }
-    }
-
-    #[test]
-    fn simd_scores_equal_the_portable_dot_bit_for_bit() {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            let data = crate::kernels::testing::centered(64 * 37 + 64, 3);
-            let (q, keys) = data.split_at(64);
-            let mut fast = vec![0f32; 37];
-            // SAFETY: checked above; 37 rows of 64
-            unsafe { scores_avx512(q, keys, 0.125, &mut fast) };
-            let portable: Vec<f32> = keys.chunks_exact(64).map(|k| dot16(q, k) * 0.125).collect();
-            assert_eq!(fast, portable);
-        }
-    }
-
-    #[test]
-    fn simd_weighted_values_equal_the_portable_loop_bit_for_bit() {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            for hd in [16, 64, 80, 128] {
-                let values = crate::kernels::testing::centered(hd * 29, hd as u64);
-                let probs = crate::kernels::testing::centered(29, 7);
-                let mut fast = vec![1f32; hd];
-                // SAFETY: checked above; 29 rows of hd
-                unsafe { weighted_values_avx512(&probs, &values, &mut fast) };
-                let mut portable = vec![0f32; hd];
-                for (&p, v) in probs.iter().zip(values.chunks_exact(hd)) {
-                    for (o, &x) in portable.iter_mut().zip(v) {
-                        *o += p * x;
-                    }
-                }
-                assert_eq!(fast, portable, "head size {hd}");
-            }
-        }
-    }
-
-    #[test]
-    fn attend_is_softmax_weighted_values() {
-        let q = [1.0, 0.0];
-        let keys = [1.0, 0.0, 0.0, 1.0, -1.0, 0.0];
-        let values = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
-        let mut scores = [0.0; 3];
-        let mut out = [0.0; 2];
-        let scoring = Scoring {
-            scale: 1.0 / 2f32.sqrt(),
-            softcap: None,
-        };
-        attend(&q, &keys, &values, &scoring, &mut scores, &mut out);
-        let s = [1.0f64, 0.0, -1.0].map(|v| (v / 2f64.sqrt()).exp());
-        let z: f64 = s.iter().sum();
-        let want = [
-            (s[0] * 1.0 + s[1] * 3.0 + s[2] * 5.0) / z,
-            (s[0] * 2.0 + s[1] * 4.0 + s[2] * 6.0) / z,
-        ];
-        for (a, b) in out.iter().zip(want) {
-            assert!((*a as f64 - b).abs() < 1e-5, "{out:?} vs {want:?}");
         }
     }
 }

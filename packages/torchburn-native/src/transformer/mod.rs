@@ -15,6 +15,7 @@
 //!
 //! [`QMatrix`]: crate::kernels::quant::QMatrix
 
+mod attention;
 mod batch;
 mod decoder;
 mod prefill;

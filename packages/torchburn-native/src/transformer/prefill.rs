@@ -12,9 +12,10 @@
 
 use torchburn_native_macros::isa_versions;
 
+use super::attention::Scoring;
 use super::decoder::{
     add_into, rms_norm, rms_norm_in_place, rotate, scale_in_place, slice, soft_cap, CacheIo,
-    Decoder, Projection, Scoring, Weight,
+    Decoder, Projection, Weight,
 };
 use crate::kernels::gemm::{gemm, Mat, MatMut};
 use crate::kernels::lanes::{max16, sum16};
