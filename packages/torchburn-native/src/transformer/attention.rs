@@ -225,50 +225,57 @@ unsafe fn scores_avx512(qs: &[f32], keys: &[f32], hd: usize, scale: f32, scores:
 #[target_feature(enable = "avx512f")]
 unsafe fn weighted_values_avx512(probs: &[f32], values: &[f32], hd: usize, out: &mut [f32]) {
     let g = out.len() / hd;
+    macro_rules! tile {
+        ($h0:expr, $c0:expr, $heads:expr, $chunks:expr; $(($h:literal, $c:literal))*) => {
+            match ($heads, $chunks) {
+                $(($h, $c) => weighted_tile::<$h, $c>(probs, values, hd, $h0, $c0, out),)*
+                _ => unreachable!("a tile of {} heads and {} chunks", $heads, $chunks),
+            }
+        };
+    }
     for h0 in (0..g).step_by(4) {
-        match (g - h0).min(4) {
-            1 => weighted_heads::<1>(probs, values, hd, h0, out),
-            2 => weighted_heads::<2>(probs, values, hd, h0, out),
-            3 => weighted_heads::<3>(probs, values, hd, h0, out),
-            _ => weighted_heads::<4>(probs, values, hd, h0, out),
+        for c0 in (0..hd).step_by(64) {
+            let (heads, chunks) = ((g - h0).min(4), ((hd - c0) / 16).min(4));
+            tile!(h0, c0, heads, chunks;
+                (1, 1) (1, 2) (1, 3) (1, 4) (2, 1) (2, 2) (2, 3) (2, 4)
+                (3, 1) (3, 2) (3, 3) (3, 4) (4, 1) (4, 2) (4, 3) (4, 4))
         }
     }
 }
 
-/// [`weighted_values_avx512`] for heads `h0..h0 + H`.
+/// [`weighted_values_avx512`] for heads `h0..h0 + H` and the `C` sixteen-lane chunks from `c0`: all
+/// `H · C` sums in registers (constant sizes, so that they stay there).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn weighted_heads<const H: usize>(
+unsafe fn weighted_tile<const H: usize, const C: usize>(
     probs: &[f32],
     values: &[f32],
     hd: usize,
     h0: usize,
+    c0: usize,
     out: &mut [f32],
 ) {
     use std::arch::x86_64::*;
     let n = values.len() / hd;
     let p = probs.as_ptr().add(h0 * n);
-    for c0 in (0..hd).step_by(64) {
-        let chunks = ((hd - c0) / 16).min(4);
-        let mut acc = [[_mm512_setzero_ps(); 4]; H];
-        for j in 0..n {
-            let v = values.as_ptr().add(j * hd + c0);
-            let mut row = [_mm512_setzero_ps(); 4];
-            for (c, r) in row.iter_mut().enumerate().take(chunks) {
-                *r = _mm512_loadu_ps(v.add(16 * c));
-            }
-            for (h, acc) in acc.iter_mut().enumerate() {
-                let w = _mm512_set1_ps(*p.add(h * n + j));
-                for (c, a) in acc.iter_mut().enumerate().take(chunks) {
-                    *a = _mm512_add_ps(*a, _mm512_mul_ps(w, row[c]));
-                }
+    let mut acc = [[_mm512_setzero_ps(); C]; H];
+    for j in 0..n {
+        let v = values.as_ptr().add(j * hd + c0);
+        let mut row = [_mm512_setzero_ps(); C];
+        for (c, r) in row.iter_mut().enumerate() {
+            *r = _mm512_loadu_ps(v.add(16 * c));
+        }
+        for (h, acc) in acc.iter_mut().enumerate() {
+            let w = _mm512_set1_ps(*p.add(h * n + j));
+            for (a, r) in acc.iter_mut().zip(row) {
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(w, r));
             }
         }
-        for (h, acc) in acc.iter().enumerate() {
-            let o = out.as_mut_ptr().add((h0 + h) * hd + c0);
-            for (c, a) in acc.iter().enumerate().take(chunks) {
-                _mm512_storeu_ps(o.add(16 * c), *a);
-            }
+    }
+    for (h, acc) in acc.iter().enumerate() {
+        let o = out.as_mut_ptr().add((h0 + h) * hd + c0);
+        for (c, a) in acc.iter().enumerate() {
+            _mm512_storeu_ps(o.add(16 * c), *a);
         }
     }
 }
