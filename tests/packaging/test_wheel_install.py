@@ -76,6 +76,22 @@ SCRIPT = textwrap.dedent(
     ran = sum(row["engine"] for row in torchburn.coverage()["native"].values())
     assert ran > 0, torchburn.format_coverage()
 
+    # every module of every package imports: whatever one needs came with the install (a command that
+    # imports its module only when run, such as `torchburn bench-serve`, is caught here too)
+    import importlib
+    import pkgutil
+
+    broken = []
+    for top in ("torchburn", "torchburn_native", "torchburn_wgpu", "torchburn_llm", "torchburn_serve", "torchburn_cli"):
+        package = importlib.import_module(top)
+        for info in pkgutil.walk_packages(package.__path__, top + "."):
+            if not info.name.endswith(".__main__"):
+                try:
+                    importlib.import_module(info.name)
+                except Exception as exc:
+                    broken.append(f"{info.name}: {type(exc).__name__}: {exc}")
+    assert not broken, broken
+
     llm = torchburn.LLM.from_pretrained()
     prompt = llm.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
     text = llm.generate(prompt, max_new_tokens=12, temperature=0)
