@@ -4,9 +4,11 @@ characters, stop strings, and the KV cache reused across turns."""
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import pytest
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from torchburn_llm import LLM
 from torchburn_llm.sampling import Sampler, SamplingParams
@@ -51,6 +53,40 @@ def test_stream_never_splits_a_character(smollm2: LLM) -> None:
     assert all("\ufffd" not in p for p in pieces)
     assert "".join(pieces) == text
     assert len([p for p in pieces if p]) > 3  # it streamed, not one piece at the end
+
+
+class _CountingTokenizer:
+    """A tokenizer that records how many ids each decode call gets."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.lengths = inner, []
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        self.lengths.append(len(ids))
+        return str(self.inner.decode(ids, skip_special_tokens=skip_special_tokens))
+
+
+def test_a_long_stream_decodes_a_short_window_per_token(smollm2: LLM) -> None:
+    ids = smollm2.encode("The keeper wrote: naïve café — 東京 🙂, and then again. " * 60)
+    assert len(ids) > 1000
+    counting = _CountingTokenizer(smollm2.tokenizer)
+    stream = TextStream(counting)
+    pieces = [stream.push(t) for t in ids] + [stream.finish()]
+    assert "".join(pieces) == smollm2.tokenizer.decode(ids, skip_special_tokens=True)
+    assert max(counting.lengths) <= 16, max(counting.lengths)  # never the whole answer again
+
+
+def test_stream_of_a_metaspace_tokenizer_keeps_its_spaces() -> None:
+    # SentencePiece-style pieces: a decoder that drops the space of a text's first piece, which a window
+    # starting mid-text must not drop
+    vocab = {"▁hello": 0, "▁world": 1, "!": 2, "▁again": 3, "[UNK]": 4}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    ids = [0, 1, 2, 3, 1, 2, 0]
+    stream = TextStream(tok)
+    pieces = [stream.push(t) for t in ids] + [stream.finish()]
+    assert "".join(pieces) == tok.decode(ids) == "hello world! again world! hello"
 
 
 def test_stream_holds_back_a_partial_stop_string(smollm2: LLM) -> None:

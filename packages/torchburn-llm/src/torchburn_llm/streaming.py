@@ -10,34 +10,53 @@ INCOMPLETE = "\ufffd"  # what byte-level decoding yields for a character whose b
 
 
 class TextStream:
+    """Decodes incrementally: each token decodes a short window of the last few ids (from the start of
+    the piece before it, so that a decoder's handling of a window's first token cancels out), never the
+    whole answer again, so a token costs the same at position 2,000 as at 20."""
+
     def __init__(self, tokenizer: Any, stop: Sequence[str] = ()) -> None:
         self.tokenizer = tokenizer
         self.stop = [s for s in stop if s]
         self.ids: list[int] = []
-        self.sent = 0  # characters of the decoded text already handed out
+        self.text = ""  # the text of ids[:read], decoded piece by piece
+        self.prefix = 0  # where the window starts: the first id of the last piece added to `text`
+        self.read = 0  # ids up to here are in `text`
+        self.sent = 0  # characters of `text` already handed out
         self.stopped = False
 
     def push(self, token: int) -> str:
         """Add a token; return the text that is now safe to show (maybe empty)."""
         self.ids.append(token)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        piece = self._piece()
+        if piece and not piece.endswith(INCOMPLETE):  # else wait for the rest of the character
+            self.text += piece
+            self.prefix, self.read = self.read, len(self.ids)
+        text = self.text
         for s in self.stop:
             at = text.find(s, max(0, self.sent - len(s)))
             if at != -1:
                 self.stopped = True
                 return self._take(text[:at])
-        end = len(text)
-        while end > self.sent and text[end - 1] == INCOMPLETE:
-            end -= 1  # wait for the rest of the character
-        end -= self._held_back(text[:end])
+        end = len(text) - self._held_back(text)
         return self._take(text[: max(end, self.sent)])
 
     def finish(self) -> str:
         """The text still held back once generation has ended without a stop string."""
         if self.stopped:
             return ""
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        return self._take(text)
+        return self._take(self.text + self._piece())
+
+    def _piece(self) -> str:
+        """The text that ids[read:] add after ids[:read]."""
+        if self.read == len(self.ids):
+            return ""
+        decode = self.tokenizer.decode
+        before = decode(self.ids[self.prefix : self.read], skip_special_tokens=True)
+        window = decode(self.ids[self.prefix :], skip_special_tokens=True)
+        if window.startswith(before):
+            return str(window[len(before) :])
+        # a decoder that rewrites across the window's edge: the whole text once
+        return str(decode(self.ids, skip_special_tokens=True))[len(self.text) :]
 
     def _held_back(self, text: str) -> int:
         """How many trailing characters might be the start of a stop string."""
