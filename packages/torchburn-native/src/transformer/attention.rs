@@ -295,11 +295,18 @@ mod tests {
         };
         let (mut scores, mut out) = ([0.0; 3], [0.0; 2]);
         attend(&q, &keys, &values, &scoring, &mut scores, &mut out);
-        let s = [6.0f64, 1.0, -3.0].map(|v| (2.5 * (v * 0.7 / 2.5).tanh()).exp());
+        let logits = [6.0f64, 1.0, -3.0].map(|v| 2.5 * (v * 0.7 / 2.5).tanh());
+        assert_softmax_weighted(logits, &values, &out);
+    }
+
+    /// `out` is softmax(`logits`) times the three rows of two `values`, computed by hand in f64.
+    fn assert_softmax_weighted(logits: [f64; 3], values: &[f32; 6], out: &[f32; 2]) {
+        let s = logits.map(f64::exp);
         let z: f64 = s.iter().sum();
+        let v = values.map(|x| x as f64);
         let want = [
-            (s[0] * 1.0 + s[1] * 3.0 + s[2] * 5.0) / z,
-            (s[0] * 2.0 + s[1] * 4.0 + s[2] * 6.0) / z,
+            (s[0] * v[0] + s[1] * v[2] + s[2] * v[4]) / z,
+            (s[0] * v[1] + s[1] * v[3] + s[2] * v[5]) / z,
         ];
         for (a, b) in out.iter().zip(want) {
             assert!((*a as f64 - b).abs() < 1e-5, "{out:?} vs {want:?}");
@@ -353,15 +360,7 @@ mod tests {
             softcap: None,
         };
         attend(&q, &keys, &values, &scoring, &mut scores, &mut out);
-        let s = [1.0f64, 0.0, -1.0].map(|v| (v / 2f64.sqrt()).exp());
-        let z: f64 = s.iter().sum();
-        let want = [
-            (s[0] * 1.0 + s[1] * 3.0 + s[2] * 5.0) / z,
-            (s[0] * 2.0 + s[1] * 4.0 + s[2] * 6.0) / z,
-        ];
-        for (a, b) in out.iter().zip(want) {
-            assert!((*a as f64 - b).abs() < 1e-5, "{out:?} vs {want:?}");
-        }
+        assert_softmax_weighted([1.0f64, 0.0, -1.0].map(|v| v / 2f64.sqrt()), &values, &out);
     }
 
     #[test]
