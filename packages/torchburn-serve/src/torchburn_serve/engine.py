@@ -79,10 +79,7 @@ class Handle:
         self.cancelled = False
 
     def put(self, delta: Delta) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, delta)
-        except RuntimeError:  # the event loop is gone: the server is shutting down
-            pass
+        post(self._loop, [(self, delta)])
 
     def cancel(self) -> None:
         """Stop generating (the client went away); the engine frees the sequence's KV cache."""
@@ -94,6 +91,22 @@ class Handle:
             yield delta
             if delta.finish is not None or delta.error is not None:
                 return
+
+
+def post(loop: asyncio.AbstractEventLoop, deliveries: list[tuple[Handle, Delta]]) -> None:
+    """Hands every delta to its request's queue in one wake-up of the event loop (a step's deltas go
+    together: one wake-up per step, not one per sequence)."""
+    if not deliveries:
+        return
+
+    def deliver() -> None:
+        for handle, delta in deliveries:
+            handle._queue.put_nowait(delta)
+
+    try:
+        loop.call_soon_threadsafe(deliver)
+    except RuntimeError:  # the event loop is gone: the server is shutting down
+        pass
 
 
 @dataclass
@@ -126,6 +139,7 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name="torchburn-engine", daemon=True)
         self.steps = 0  # batched decode steps run
         self.step_tokens = 0  # tokens those steps decoded
+        self._outbox: list[tuple[Handle, Delta]] | None = None  # a running step's deltas
         self._token_text = lru_cache(maxsize=65536)(self._decode_one)
 
     # --- from the event loop -------------------------------------------------------------------
@@ -272,10 +286,23 @@ class Engine:
             return
         self.steps += 1
         self.step_tokens += len(seqs)
-        for seq, token, row in zip(seqs, tokens, logits, strict=True):
-            seq.ids.append(token)
-            self._next(seq, row)
+        self._outbox = []
+        try:
+            for seq, token, row in zip(seqs, tokens, logits, strict=True):
+                seq.ids.append(token)
+                self._next(seq, row)
+        finally:
+            outbox, self._outbox = self._outbox, None
+            for loop in {id(h._loop): h._loop for h, _ in outbox}.values():
+                post(loop, [(h, d) for h, d in outbox if h._loop is loop])
         self._active = [s for s in seqs if not s.done]
+
+    def _send(self, handle: Handle, delta: Delta) -> None:
+        """``delta`` to ``handle``: at the end of the step when a step is running, else now."""
+        if self._outbox is not None:
+            self._outbox.append((handle, delta))
+        else:
+            handle.put(delta)
 
     def _decode(self, tokens: list[int], caches: list[KVCache]) -> torch.Tensor:
         logits: torch.Tensor = self.model.decode_batch(tokens, caches)  # [B, V]
@@ -308,7 +335,7 @@ class Engine:
         else:
             seq.next_token = token
             delta.completion_tokens = seq.generated
-            seq.handle.put(delta)
+            self._send(seq.handle, delta)
 
     def _finish(self, seq: _Sequence, delta: Delta, reason: str) -> None:
         delta.text += seq.text.finish()
@@ -316,11 +343,11 @@ class Engine:
         seq.done = True
         if not seq.handle.cancelled:  # before the delta goes out: its reader cancels once it has it
             self._prefixes.put(seq.ids, seq.cache)
-        seq.handle.put(delta)
+        self._send(seq.handle, delta)
 
     def _fail(self, seq: _Sequence, message: str) -> None:
         seq.done = True
-        seq.handle.put(Delta(error=APIError(500, message, code="generation_failed")))
+        self._send(seq.handle, Delta(error=APIError(500, message, code="generation_failed")))
 
     def _logprob(self, logits: torch.Tensor, token: int, top: int) -> TokenLogprob:
         logp = torch.log_softmax(logits.float(), dim=-1)
