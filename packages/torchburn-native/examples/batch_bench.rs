@@ -51,9 +51,16 @@ fn main() {
         sizes
     };
     let (hidden, heads, kvh, hd, inter, vocab, layers) = (576, 9, 3, 64, 1536, 49152, 30);
+    // BODY=Q8_0 (or another type name) for the layers' type
+    let body = std::env::var("BODY").map_or(GgmlType::Q4_1, |name| {
+        *GgmlType::ALL
+            .iter()
+            .find(|t| t.name() == name)
+            .expect("a GGUF type name")
+    });
     let mut seed = 1u64;
     let mut proj = |n: usize, k: usize| Projection {
-        w: Weight::Ggml(ggml(GgmlType::Q4_1, n, k, &mut seed)),
+        w: Weight::Ggml(ggml(body, n, k, &mut seed)),
         bias: None,
     };
     let ones: Vec<f32> = vec![1.0; hidden];
@@ -113,6 +120,42 @@ fn main() {
     let mut best = vec![f64::INFINITY; sizes.len()];
     // more rounds (BATCH_BENCH_ROUNDS) make a steady state long enough to profile
     let rounds: usize = std::env::var("BATCH_BENCH_ROUNDS").map_or(10, |s| s.parse().unwrap());
+    // PROMPTS=4,8,12 times a prompt of each length after `context` cached positions instead
+    if let Ok(list) = std::env::var("PROMPTS") {
+        let lengths: Vec<usize> = list.split(',').map(|s| s.parse().unwrap()).collect();
+        let longest = *lengths.iter().max().unwrap();
+        let cap = context + longest;
+        let (cos, sin) = (vec![1f32; cap * hd], vec![0f32; cap * hd]);
+        let mut keys = vec![0.01f32; 30 * kvh * cap * hd];
+        let mut values = keys.clone();
+        let mut logits = vec![0f32; vocab];
+        let mut best = vec![f64::INFINITY; lengths.len()];
+        for _ in 0..rounds {
+            for (i, &t) in lengths.iter().enumerate() {
+                let io = CacheIo {
+                    keys: keys.as_mut_ptr(),
+                    values: values.as_mut_ptr(),
+                    capacity: cap,
+                    cos: [cos.as_ptr(); 2],
+                    sin: [sin.as_ptr(); 2],
+                    logits: logits.as_mut_ptr(),
+                };
+                let tokens: Vec<usize> = (0..t).map(|s| (s * 131 + 7) % vocab).collect();
+                let start = Instant::now();
+                // SAFETY: every buffer is live and sized as CacheIo names it, rows for `cap` positions
+                unsafe { dec.prefill(&tokens, context, &io, false) };
+                best[i] = best[i].min(start.elapsed().as_secs_f64());
+            }
+        }
+        for (i, &t) in lengths.iter().enumerate() {
+            println!(
+                "prompt {t:3}: {:6.2} ms, {:5.2} ms/token",
+                best[i] * 1e3,
+                best[i] * 1e3 / t as f64
+            );
+        }
+        return;
+    }
     for _ in 0..rounds {
         for (i, &b) in sizes.iter().enumerate() {
             let ios: Vec<CacheIo> = (0..b)

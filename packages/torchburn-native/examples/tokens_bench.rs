@@ -82,6 +82,11 @@ fn main() {
             GgmlType::Q4_1
         };
         let g = ggml(kind, n, k);
+        let regrouped = ggml(kind, n, k).interleaved_for_this_cpu();
+        kinds.push((
+            format!("regrouped {}", kind.name()),
+            Box::new(move |x, t, o| regrouped.matmul(x, t, o)),
+        ));
         kinds.push((
             format!("gguf {}", kind.name()),
             Box::new(move |x, t, o| g.matmul(x, t, o)),

@@ -10,23 +10,39 @@ pub const DISTANCE_BYTES: usize = 1024;
 /// Bytes per cache line: one prefetch per line.
 pub const LINE_BYTES: usize = 64;
 
+/// How far ahead a decode product's regrouped weights are prefetched. Such a product spends a few
+/// nanoseconds per 64-byte line, so covering the memory's latency (well over 100 ns on a shared
+/// server) takes many lines in flight; eight KiB ahead keeps them while staying a small part of any
+/// x86 core's L2. On the development machine the decode step took 20-30% less time with it than
+/// with [`DISTANCE_BYTES`] or none, and distances from 8 to 16 KiB did equally well.
+pub const WEIGHTS_DISTANCE_BYTES: usize = 8192;
+
 /// Prefetches the line `DISTANCE_BYTES` past `p` for reading. Never faults, whatever the address.
 #[inline(always)]
 pub fn read_ahead<T>(p: *const T) {
-    line_ahead::<false, T>(p)
+    line_ahead::<false, i8>(p.cast::<i8>().wrapping_add(DISTANCE_BYTES))
+}
+
+/// Prefetches `lines` consecutive lines from [`WEIGHTS_DISTANCE_BYTES`] past `p` for reading.
+#[inline(always)]
+pub fn weights_ahead<T>(p: *const T, lines: usize) {
+    let at = p.cast::<i8>().wrapping_add(WEIGHTS_DISTANCE_BYTES);
+    for l in 0..lines {
+        line_ahead::<false, i8>(at.wrapping_add(l * LINE_BYTES))
+    }
 }
 
 /// Prefetches the line `DISTANCE_BYTES` past `p` for writing (in exclusive state where the CPU can).
 #[inline(always)]
 pub fn write_ahead<T>(p: *const T) {
-    line_ahead::<true, T>(p)
+    line_ahead::<true, i8>(p.cast::<i8>().wrapping_add(DISTANCE_BYTES))
 }
 
-/// The prefetch instruction itself: x86 only for now (other targets rely on their hardware
-/// prefetchers; nothing was measured there).
+/// The prefetch instruction itself, for the line holding `at`: x86 only for now (other targets rely
+/// on their hardware prefetchers; nothing was measured there).
 #[inline(always)]
-fn line_ahead<const WRITE: bool, T>(p: *const T) {
-    let at = (p as *const i8).wrapping_add(DISTANCE_BYTES);
+fn line_ahead<const WRITE: bool, T>(at: *const T) {
+    let at = at.cast::<i8>();
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is a hint; it never faults, whatever the address
     unsafe {

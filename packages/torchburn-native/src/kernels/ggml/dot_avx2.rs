@@ -312,7 +312,7 @@ unsafe fn legacy_group<const T: u8, const VNNI: bool, const R: usize>(
         // within its first bytes
         if (b * bytes) % prefetch::LINE_BYTES < bytes {
             for p in ps {
-                prefetch::read_ahead(p.wrapping_add(b * bytes));
+                prefetch::weights_ahead(p.wrapping_add(b * bytes), 1);
             }
         }
         let dx = *a.d.get_unchecked(b);
@@ -393,7 +393,7 @@ unsafe fn add_scaled(acc: __m256i, p: __m256i, scale: __m256i) -> __m256i {
 fn prefetch_block(block: &[u8]) {
     let mut at = 0;
     while at < block.len() {
-        prefetch::read_ahead(block.as_ptr().wrapping_add(at));
+        prefetch::weights_ahead(block.as_ptr().wrapping_add(at), 1);
         at += prefetch::LINE_BYTES;
     }
 }

@@ -20,6 +20,7 @@ use std::ops::Range;
 use super::acts::Acts;
 use super::interleaved::{quant_bytes, Interleaved, LANES};
 use super::GgmlType;
+use crate::kernels::prefetch;
 
 /// Tokens one pass over the weights takes (their accumulators stay in registers).
 const PASS: usize = 8;
@@ -33,9 +34,10 @@ macro_rules! each_group {
             ($m, $rows, $acts, $out);
         let len = rows.len();
         let mut $values = [[0f32; LANES]; PASS]; // [token of the pass, lane]
-        for (p, $chunk) in acts.chunks(PASS).enumerate() {
-            for g in Interleaved::groups_of(&rows) {
-                let $group = m.group(g).as_ptr();
+        // a group's passes one after the other, so that after the first they read it from L1
+        for g in Interleaved::groups_of(&rows) {
+            let $group = m.group(g).as_ptr();
+            for (p, $chunk) in acts.chunks(PASS).enumerate() {
                 $pass;
                 let (lo, hi) = (
                     (g * LANES).max(rows.start),
@@ -211,6 +213,27 @@ impl<const N: usize> TokenScales<N> {
     }
 }
 
+/// Prefetches what block `b` of a group will read some way ahead: its `lines` lines of integers from
+/// `quants`, and every other block (two blocks' sixteen f16 per line) the scales' and, `OFFSET`, the
+/// offsets' line. The memory's latency, not the instructions, bounds a product otherwise (see
+/// [`prefetch::WEIGHTS_DISTANCE_BYTES`]).
+#[inline(always)]
+fn fetch_ahead<const OFFSET: bool>(
+    quants: *const u8,
+    lines: usize,
+    scales: *const u8,
+    offsets: *const u8,
+    b: usize,
+) {
+    prefetch::weights_ahead(quants, lines);
+    if b.is_multiple_of(2) {
+        prefetch::weights_ahead(scales.wrapping_add(b * 32), 1);
+        if OFFSET {
+            prefetch::weights_ahead(offsets.wrapping_add(b * 32), 1);
+        }
+    }
+}
+
 /// Each token's sixteen row sums into its row of `values`.
 #[inline(always)]
 unsafe fn store_zmm<const N: usize>(acc: [__m512; N], values: &mut [[f32; LANES]; PASS]) {
@@ -240,6 +263,7 @@ unsafe fn zmm_group4<const OFFSET: bool, const VNNI: bool, const N: usize>(
         } else {
             _mm512_mul_ps(d, _mm512_set1_ps(-8.0))
         };
+        fetch_ahead::<OFFSET>(quants.add(b * 256), 4, scales, offsets, b);
         // w[j]: elements 4j..4j+4 of each row (j < 4 low nibbles, then 16 + 4(j - 4).. high)
         let mut w = [_mm512_setzero_si512(); 8];
         for j in 0..4 {
@@ -288,6 +312,7 @@ unsafe fn zmm_group8<const VNNI: bool, const N: usize>(
     for b in 0..blocks {
         let d = _mm512_cvtph_ps(_mm256_load_si256(scales.add(b * 32) as *const __m256i));
         let q = quants.add(b * 512);
+        fetch_ahead::<false>(q, 8, scales, scales, b);
         // w[c]: elements 2c, 2c + 1 of each row as int16
         let w: [__m512i; 16] = std::array::from_fn(|c| {
             _mm512_cvtepi8_epi16(_mm256_load_si256(q.add(32 * c) as *const __m256i))
@@ -339,6 +364,9 @@ unsafe fn ymm_group4<const OFFSET: bool, const N: usize>(
             } else {
                 _mm256_mul_ps(d, _mm256_set1_ps(-8.0))
             };
+            if h == 0 {
+                fetch_ahead::<OFFSET>(quants.add(b * 256), 4, scales, offsets, b);
+            }
             let mut w = [_mm256_setzero_si256(); 8];
             for j in 0..4 {
                 let raw =

@@ -154,7 +154,7 @@ unsafe fn zmm_row<const T: u8, const VNNI: bool, const P: usize>(
     for b in 0..blocks {
         let block = row.add(b * bytes);
         if (b * bytes) % prefetch::LINE_BYTES < bytes {
-            prefetch::read_ahead(block); // once per line, as the one-token kernel
+            prefetch::weights_ahead(block, 1); // once per line, as the one-token kernel
         }
         // the scale, and the offset where the type has one (see `halves_ptr`)
         let (d, second) = halves_ptr(block);
@@ -257,7 +257,7 @@ unsafe fn ymm_row<const T: u8, const N: usize>(
     for b in 0..blocks {
         let block = row.add(b * bytes);
         if (b * bytes) % prefetch::LINE_BYTES < bytes {
-            prefetch::read_ahead(block);
+            prefetch::weights_ahead(block, 1);
         }
         let (d, second) = halves_ptr(block);
         if T == Q8_0 {
