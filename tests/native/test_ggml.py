@@ -7,8 +7,7 @@ block is well formed). Products of a few tokens (decode) are checked against the
 times the activations quantized as the kernels quantize them (int8 per block of 32, or of 256 for the
 K-quants, int16 per block of 32 for ``Q8_0``), in f64: that isolates the kernels, whose integer sums
 are exact, from the activation rounding. From 8 tokens on (a prompt) products take the activations
-as they are, against rows dequantized once, except the K-quants (integer prompt tiles) and the
-regrouped 4-bit types (the decode kernels at every length). CI runs this module at every ``TORCHBURN_ISA`` level the
+as they are, against rows dequantized once. CI runs this module at every ``TORCHBURN_ISA`` level the
 machine has.
 """
 
@@ -59,17 +58,14 @@ def _matrix(kind: str, n: int, k: int, seed: int = 0) -> tuple[ggml.GgmlMatrix, 
 
 
 PREFILL_TOKENS = 8  # from this many tokens on, products take f32 activations
-REGROUPED_PROMPTS_ON_DECODE_KERNELS = ("Q4_0", "Q4_1")
 
 
-def _as_kernels_see(kind: str, x: np.ndarray, regrouped: bool) -> np.ndarray:
+def _as_kernels_see(kind: str, x: np.ndarray) -> np.ndarray:
     """``x`` [T, k] as the products read it: integers per block (f32 arithmetic, halves away from zero).
     A prompt (``PREFILL_TOKENS`` or more) multiplies f32 activations, except the K-quants with integer
-    prompt tiles, whose activations are int8 per block of 32 there, and the regrouped 4-bit types,
-    whose prompts take the decode kernels."""
+    prompt tiles, whose activations are int8 per block of 32 there."""
     prompt = x.shape[0] >= PREFILL_TOKENS
-    on_decode_kernels = regrouped and kind in REGROUPED_PROMPTS_ON_DECODE_KERNELS
-    if kind in ("F32", "F16", "BF16") or (prompt and kind not in K_QUANTS and not on_decode_kernels):
+    if kind in ("F32", "F16", "BF16") or (prompt and kind not in K_QUANTS):
         return x.astype(np.float64)
     block = 256 if kind in K_QUANTS + PORTABLE_K_QUANTS and not prompt else 32
     top = np.float32(32767 if kind == "Q8_0" else 127)
@@ -98,25 +94,13 @@ def test_matmul_matches_dequantized_product(kind: str, tokens: int) -> None:
     m, dense = _matrix(kind, n, k, seed=tokens)
     x = torch.randn(tokens, k)
     got = ggml.matmul(m, x).numpy().astype(np.float64)
-    seen = _as_kernels_see(kind, x.numpy(), m.regrouped)
+    seen = _as_kernels_see(kind, x.numpy())
     want = seen @ dense.astype(np.float64).T
     size = np.abs(seen) @ np.abs(dense.astype(np.float64)).T
     assert np.all(np.abs(got - want) <= 2e-6 * size + 1e-9), float(np.max(np.abs(got - want) / (size + 1e-30)))
     # and close to the unquantized product: int8 activations lose about one part in 250 per block
     exact = x.numpy().astype(np.float64) @ dense.astype(np.float64).T
     assert np.all(np.abs(got - exact) <= 0.02 * size + 1e-6)
-
-
-@pytest.mark.parametrize("kind", REGROUPED_PROMPTS_ON_DECODE_KERNELS)
-def test_regrouped_prompt_gives_each_token_its_decode_product(kind: str) -> None:
-    m, _ = _matrix(kind, 70, 576, seed=3)
-    x = torch.randn(19, 576)
-    prompt = ggml.matmul(m, x).numpy()
-    one_by_one = np.concatenate([ggml.matmul(m, x[t : t + 1]).numpy() for t in range(19)])
-    if m.regrouped:
-        np.testing.assert_array_equal(prompt, one_by_one)
-    else:  # stored rows (no AVX2): the prompt takes f32 activations, within their int8 rounding
-        np.testing.assert_allclose(prompt, one_by_one, rtol=0.05, atol=0.5)
 
 
 def test_matmul_keeps_leading_dims() -> None:

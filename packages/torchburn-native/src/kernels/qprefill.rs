@@ -1,8 +1,6 @@
 //! Products of quantized weights with many tokens at once (an LLM's prefill). GGUF's K-quants take
-//! their own integer tiles (`ggml::kprefill`), Q8_0 regrouped for the x86 kernels the same f32
-//! arithmetic straight from its groups (`ggml::prompt_interleaved`), and the regrouped 4-bit types
-//! do not come here (their prompts take the decode kernels, see
-//! [`GgmlMatrix::prompts_take_decode_kernels`]); everything else comes here.
+//! their own integer tiles (`ggml::kprefill`), and matrices regrouped for the x86 kernels the same
+//! f32 arithmetic straight from their groups (`ggml::prompt_interleaved`); everything else comes here.
 //!
 //! One token against the weights (decode) is bound by reading them, so those kernels keep the weights
 //! packed and quantize the activations to integers. Many tokens against the same rows are bound by

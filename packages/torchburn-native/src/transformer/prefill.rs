@@ -4,8 +4,7 @@
 //!
 //! The same model description as the decode step ([`Decoder`]), with the work shaped for many
 //! tokens: the projections are matrix products over all the prompt's rows (q/k/v in one call and
-//! gate/up in another, see [`qprefill::matmul_many`]; the regrouped 4-bit GGUF types on the decode
-//! step's kernels, see [`project_rows`]); attention is two products per head and block
+//! gate/up in another, see [`qprefill::matmul_many`]); attention is two products per head and block
 //! of queries, causal and windowed, with the softmax in between; the norms, rotary embedding and SiLU
 //! run over the rows in parallel. The tensor-code forward pass in Python does the same in about a
 //! dozen torch operations per layer, whose dispatch and passes over memory cost a sixth of a small
@@ -18,7 +17,6 @@ use super::decoder::{
     add_into, rms_norm, rms_norm_in_place, rotate, scale_in_place, slice, soft_cap, CacheIo,
     Decoder, Projection, Weight,
 };
-use super::project::project_tokens;
 use crate::kernels::gemm::{gemm, Mat, MatMut};
 use crate::kernels::lanes::{max16, sum16};
 use crate::kernels::math::exp_f32;
@@ -232,37 +230,9 @@ impl Decoder {
 }
 
 /// `out[P₀; P₁; ...]` of the `tokens` rows of `x`, each projection into its own `[T, n]` output, with
-/// biases added: the GGUF matrices whose prompts take the decode kernels
-/// ([`crate::kernels::ggml::GgmlMatrix::prompts_take_decode_kernels`]) on them, together, and the rest on
-/// [`project_on_tiles`].
+/// biases added: quantized and GGUF-typed weights through [`qprefill::matmul_sources`] (one call
+/// for all of them when none is f32), f32 weights through the GEMM.
 fn project_rows(ps: &[&Projection], x: &[f32], tokens: usize, outs: &mut [&mut [f32]]) {
-    let on_decode_kernels =
-        |p: &Projection| matches!(&p.w, Weight::Ggml(m) if m.prompts_take_decode_kernels());
-    let (mut decode, mut tiles) = (
-        (Vec::new(), Vec::new()), // (projections, outputs)
-        (Vec::new(), Vec::new()),
-    );
-    for (&p, out) in ps.iter().zip(outs.iter_mut()) {
-        let (projections, outputs) = if on_decode_kernels(p) {
-            &mut decode
-        } else {
-            &mut tiles
-        };
-        projections.push(p);
-        outputs.push(&mut **out);
-    }
-    if !decode.0.is_empty() {
-        project_tokens(&decode.0, x, tokens, &mut decode.1);
-    }
-    if !tiles.0.is_empty() {
-        project_on_tiles(&tiles.0, x, tokens, &mut tiles.1);
-    }
-}
-
-/// [`project_rows`]' products of the prompt's f32 activations: quantized and GGUF-typed weights
-/// through [`qprefill::matmul_sources`] (one call for all of them when none is f32), f32 weights
-/// through the GEMM; biases added.
-fn project_on_tiles(ps: &[&Projection], x: &[f32], tokens: usize, outs: &mut [&mut [f32]]) {
     let quantized: Option<Vec<&dyn RowSource>> = ps
         .iter()
         .map(|p| match &p.w {

@@ -41,6 +41,7 @@ class Round:
     tokens: int
     seconds: float
     ttft: list[float]
+    short: int = 0  # requests answered with fewer than ``max_tokens`` tokens (a stop, or cut off)
 
     @property
     def tok_s(self) -> float:
@@ -95,7 +96,8 @@ async def _round(url: str, name: str, clients: int, requests: int, max_tokens: i
         results = await asyncio.gather(*(client_loop(client, c) for c in range(clients)))
         seconds = time.perf_counter() - start
     flat = [x for per in results for x in per]
-    return Round(name, clients, len(flat), sum(t for _, t in flat), seconds, [f for f, _ in flat])
+    short = sum(t < max_tokens for _, t in flat)
+    return Round(name, clients, len(flat), sum(t for _, t in flat), seconds, [f for f, _ in flat], short)
 
 
 def _free_port() -> int:
@@ -147,7 +149,9 @@ def start_llama_cpp(model: Path, threads: int, log_dir: Path) -> _Process:
     port = _free_port()
     command = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1"]
     command += ["--port", str(port), "--n_threads", str(threads), "--n_threads_batch", str(threads)]
-    command += ["--n_ctx", "4096", "--verbose", "False"]
+    # by default a new request interrupts the one running: requests must queue instead, as each
+    # client here waits for all of its answer
+    command += ["--n_ctx", "4096", "--verbose", "False", "--interrupt_requests", "False"]
     return _Process("llama-cpp-python server", command, port, log_dir / "llama-cpp-server.log")
 
 
@@ -177,6 +181,8 @@ def run(
             for c in concurrency:
                 rounds.append(asyncio.run(_round(proc.url, name, c, requests, max_tokens)))
                 print(format_row(rounds[-1], rounds), flush=True)
+                if rounds[-1].short:
+                    print(f"  ({short_note(rounds[-1])})", flush=True)
         finally:
             proc.stop()
     return rounds
@@ -186,6 +192,12 @@ HEADER = (
     "| server | clients | requests | tokens | aggregate tok/s | vs 1 client | TTFT p50 (s) | TTFT p95 (s) |\n"
     "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 )
+
+
+def short_note(r: Round) -> str:
+    """What to know of a round whose answers were not all of full length: its tok/s counts only the
+    tokens sent, and a cut-off answer's time to first token may be its time to end."""
+    return f"{r.short} of {r.requests} {r.server} answers ended before max_tokens"
 
 
 def format_row(r: Round, rounds: Sequence[Round]) -> str:

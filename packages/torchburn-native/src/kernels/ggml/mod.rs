@@ -200,17 +200,6 @@ impl GgmlMatrix {
         m
     }
 
-    /// Whether a prompt's products with this matrix take the decode kernels (activations quantized
-    /// to int8 per block of 32, as every decode step and llama.cpp's prompts take them) rather than
-    /// `qprefill`'s f32 ones: the regrouped 4-bit types. Their integer products do four
-    /// multiply-adds per lane and instruction against f32's one, and regrouped they decode each
-    /// block of weights once for eight tokens; on the development machine a prompt of 8 to 1,024
-    /// tokens of SmolLM2-135M's shape in Q4_1 took 30-40% less time so at AVX-512 and at AVX2.
-    /// Q8_0 (int16 activations) gained nothing and keeps the f32 path's exact activations.
-    pub fn prompts_take_decode_kernels(&self) -> bool {
-        self.is_interleaved() && matches!(self.kind, GgmlType::Q4_0 | GgmlType::Q4_1)
-    }
-
     /// Whether the weights are regrouped (see [`GgmlMatrix::interleaved_for_this_cpu`]).
     pub fn is_interleaved(&self) -> bool {
         matches!(self.storage, Storage::Interleaved(_))
@@ -344,7 +333,7 @@ impl GgmlMatrix {
         let (n, k) = (self.n, self.k);
         assert_eq!(x.len(), tokens * k, "input length");
         assert_eq!(out.len(), tokens * n, "output length");
-        if tokens >= super::qprefill::MIN_TOKENS && !self.prompts_take_decode_kernels() {
+        if tokens >= super::qprefill::MIN_TOKENS {
             // many tokens against the same rows: dequantized rows times f32 tokens (see `qprefill`)
             return super::qprefill::matmul_sources(&[self], x, tokens, &mut [out]);
         }

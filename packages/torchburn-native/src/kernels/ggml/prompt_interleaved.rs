@@ -1,24 +1,26 @@
-//! Prompt products of regrouped Q8_0 matrices ([`super::interleaved`]) in f32, straight from the
-//! groups. (The regrouped 4-bit types take their prompts on the decode kernels instead, see
-//! [`super::GgmlMatrix::prompts_take_decode_kernels`].)
+//! Prompt products of regrouped matrices ([`super::interleaved`]) in f32, straight from the groups.
 //!
 //! A prompt's products take f32 activations and the weights' exact values (`qprefill`'s tiles): each
 //! (row, token) sums its products by fused multiply-adds in order of k, from zero. For regrouped
 //! matrices the tiles would first gather every row back out of its group, which costs more than the
 //! products themselves for prompts of a few dozen tokens. Here a register lane is a row, as in the
 //! decode kernels: a slice of a group's weights is decoded once, per element k one vector of its
-//! sixteen rows (the integer, exact as a float, times the block's scale, rounded once as the row
-//! decoder rounds it), into a buffer in L1; then each pass of up to sixteen tokens runs over the
-//! buffer, one fused multiply-add per element and token with the token's element broadcast, its sums
-//! carried from one slice to the next through the output as stored. Each (row, token) therefore
-//! takes the tiles' operations in the tiles' order, and a prompt gives the same bits here as on the
-//! tiles, at every length.
+//! sixteen rows (the integer, exact as a float; times the block's scale; the Q4_1 offset added, each
+//! rounded once, as the row decoder does), into a buffer in L1; then each pass of up to sixteen
+//! tokens runs over the buffer, one fused multiply-add per element and token with the token's
+//! element broadcast, its sums carried from one slice to the next through the output as stored.
+//! Each (row, token) therefore takes the tiles' operations in the tiles' order, and a prompt gives
+//! the same bits here as on the tiles, at every length and level.
+//!
+//! 4-bit integers become floats without a conversion: the nibble OR'd into the bits of 2^23 reads
+//! as 2^23 + q, and subtracting 2^23 (plus Q4_0's 8) leaves q (or q - 8), exactly.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::interleaved::{quant_bytes, Interleaved, LANES};
 use super::GgmlType;
+use crate::kernels::prefetch;
 use crate::threads::{self, SendPtr};
 
 /// Elements per block of the regrouped types.
@@ -26,11 +28,13 @@ const BLOCK: usize = 32;
 /// Elements of k decoded at a time: sixteen rows of them take 16 KiB, and sixteen tokens' stretch of
 /// them as much again, so both stay in L1 however long the rows.
 const K_SLICE: usize = 256;
+/// 2^23: a float whose last mantissa bits are an integer below it.
+const MAGIC: f32 = 8_388_608.0;
 
-/// Whether the prompt kernels at the running level take regrouped `kind`: Q8_0, where the decode
-/// kernels regroup it (with AVX-512).
+/// Whether the prompt kernels at the running level take regrouped `kind`: where the decode kernels
+/// regroup it (the 4-bit types from AVX2 up, Q8_0 with AVX-512).
 pub fn takes(kind: GgmlType) -> bool {
-    kind == GgmlType::Q8_0 && super::dot_interleaved::takes(kind)
+    super::dot_interleaved::takes(kind)
 }
 
 /// `outs[i][t·n_i + r] = Σ_k x[t·k + kk] · W_i[r, kk]` for every regrouped matrix `ms[i]` (one
@@ -82,7 +86,11 @@ unsafe fn group_product(
 ) {
     assert_eq!(decoded.len(), K_SLICE * LANES, "a slice of decoded weights");
     let lanes = LANES.min(m.n - g * LANES);
-    group_zmm(m, g, x, tokens, out, ld, lanes, decoded)
+    if crate::isa::avx512() {
+        group_zmm(m, g, x, tokens, out, ld, lanes, decoded)
+    } else {
+        group_ymm(m, g, x, tokens, out, ld, lanes, decoded)
+    }
 }
 
 /// Passes of 16, 8, 4, 2 and 1 tokens, as many as `tokens` takes.
@@ -133,7 +141,7 @@ unsafe fn group_zmm(
     for k0 in (0..k).step_by(K_SLICE) {
         let len = K_SLICE.min(k - k0);
         let w = decoded.as_mut_ptr();
-        decode_zmm(group, m.blocks(), k0 / BLOCK..(k0 + len) / BLOCK, w);
+        decode_zmm(m.kind, group, m.blocks(), k0 / BLOCK..(k0 + len) / BLOCK, w);
         let slice = Slice {
             w,
             len,
@@ -161,26 +169,83 @@ struct Slice {
     first: bool,
 }
 
-/// Blocks `bs` of a Q8_0 group's weights (of `blocks`), element after element, sixteen lanes each,
-/// into `w` (`bs.len() · 32 · 16`).
+/// Blocks `bs` of a group's weights (of `blocks`), element after element, sixteen lanes each, into
+/// `w` (`bs.len() · 32 · 16`).
 #[inline(always)]
-unsafe fn decode_zmm(group: *const u8, blocks: usize, bs: Range<usize>, w: *mut f32) {
-    let bytes = quant_bytes(GgmlType::Q8_0);
-    let scales = group.add(blocks * bytes);
+unsafe fn decode_zmm(
+    kind: GgmlType,
+    group: *const u8,
+    blocks: usize,
+    bs: Range<usize>,
+    w: *mut f32,
+) {
+    let scales = group.add(blocks * quant_bytes(kind));
+    let nibble = _mm512_set1_epi32(0x0F);
+    let magic = _mm512_set1_epi32(MAGIC.to_bits() as i32);
+    let unbias = _mm512_set1_ps(if kind == GgmlType::Q4_0 {
+        MAGIC + 8.0
+    } else {
+        MAGIC
+    });
+    // macros, not closures: a closure does not take its function's instruction sets, and its
+    // intrinsics would become calls
+    macro_rules! half {
+        ($at:expr) => {
+            _mm512_cvtph_ps(_mm256_loadu_si256(scales.add($at) as *const __m256i))
+        };
+    }
     for b in bs.clone() {
-        let d = _mm512_cvtph_ps(_mm256_loadu_si256(
-            scales.add(b * 2 * LANES) as *const __m256i
-        ));
+        let d = half!(b * 2 * LANES);
         let wb = w.add((b - bs.start) * BLOCK * LANES);
-        let q = group.add(b * bytes);
-        // chunk c: elements 2c and 2c + 1 of each row, an i16 pair per lane once widened
-        for c in 0..BLOCK / 2 {
-            let v = _mm512_cvtepi16_epi32(_mm256_loadu_si256(q.add(c * 32) as *const __m256i));
-            let even = _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(v));
-            let odd = _mm512_srai_epi32::<8>(v);
-            let (w_even, w_odd) = (wb.add(2 * c * LANES), wb.add((2 * c + 1) * LANES));
-            _mm512_storeu_ps(w_even, _mm512_mul_ps(d, _mm512_cvtepi32_ps(even)));
-            _mm512_storeu_ps(w_odd, _mm512_mul_ps(d, _mm512_cvtepi32_ps(odd)));
+        let q = group.add(b * quant_bytes(kind));
+        prefetch::weights_ahead(q, quant_bytes(kind) / prefetch::LINE_BYTES);
+        if b.is_multiple_of(2) {
+            prefetch::weights_ahead(scales.add(b * 2 * LANES), 1);
+            prefetch::weights_ahead(scales.add((blocks + b) * 2 * LANES), 1);
+        }
+        if kind == GgmlType::Q8_0 {
+            // chunk c: elements 2c and 2c + 1 of each row, an i16 pair per lane once widened
+            for c in 0..BLOCK / 2 {
+                let v = _mm512_cvtepi16_epi32(_mm256_loadu_si256(q.add(c * 32) as *const __m256i));
+                let even = _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(v));
+                let odd = _mm512_srai_epi32::<8>(v);
+                let (w_even, w_odd) = (wb.add(2 * c * LANES), wb.add((2 * c + 1) * LANES));
+                _mm512_storeu_ps(w_even, _mm512_mul_ps(d, _mm512_cvtepi32_ps(even)));
+                _mm512_storeu_ps(w_odd, _mm512_mul_ps(d, _mm512_cvtepi32_ps(odd)));
+            }
+            continue;
+        }
+        // chunk c: stored bytes 4c..4c + 4 of each row's block, elements 4c + j in the low nibbles
+        // and 16 + 4c + j in the high ones
+        let offset = if kind == GgmlType::Q4_1 {
+            half!((blocks + b) * 2 * LANES)
+        } else {
+            _mm512_setzero_ps() // unused
+        };
+        // (bits & 0xF) | 2^23's bits, read as a float, less the bias: the nibble (less 8); times
+        // the scale, plus the Q4_1 offset
+        macro_rules! store {
+            ($bits:expr, $e:expr) => {{
+                let q = _mm512_ternarylogic_epi32::<0xEA>($bits, nibble, magic);
+                let v = _mm512_mul_ps(d, _mm512_sub_ps(_mm512_castsi512_ps(q), unbias));
+                let v = if kind == GgmlType::Q4_1 {
+                    _mm512_add_ps(v, offset)
+                } else {
+                    v
+                };
+                _mm512_storeu_ps(wb.add($e * LANES), v);
+            }};
+        }
+        for high in [false, true] {
+            for c in 0..4 {
+                let v = _mm512_loadu_si512(q.add(64 * c) as *const __m512i);
+                let v = if high { _mm512_srli_epi32::<4>(v) } else { v };
+                let e = usize::from(high) * 16 + 4 * c;
+                store!(v, e);
+                store!(_mm512_srli_epi32::<8>(v), e + 1);
+                store!(_mm512_srli_epi32::<16>(v), e + 2);
+                store!(_mm512_srli_epi32::<24>(v), e + 3);
+            }
         }
     }
 }
@@ -214,6 +279,159 @@ unsafe fn zmm_pass<const T: usize>(
     }
 }
 
+/// The 4-bit types on AVX2: each half of the group (eight rows) decoded and run on its own, up to
+/// eight tokens a pass (sixteen registers).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn group_ymm(
+    m: &Interleaved,
+    g: usize,
+    x: &[f32],
+    tokens: usize,
+    out: *mut f32,
+    ld: usize,
+    lanes: usize,
+    decoded: &mut [f32],
+) {
+    assert!(
+        m.kind != GgmlType::Q8_0,
+        "Q8_0 is regrouped only for AVX-512"
+    );
+    let (group, k) = (m.group(g).as_ptr(), m.k);
+    for h in 0..lanes.div_ceil(8) {
+        let rows = (lanes - 8 * h).min(8);
+        let out = out.add(8 * h);
+        for k0 in (0..k).step_by(K_SLICE) {
+            let len = K_SLICE.min(k - k0);
+            let w = decoded.as_mut_ptr();
+            decode_ymm(
+                m.kind,
+                group,
+                h,
+                m.blocks(),
+                k0 / BLOCK..(k0 + len) / BLOCK,
+                w,
+            );
+            let slice = Slice {
+                w,
+                len,
+                x: x.as_ptr().add(k0),
+                k,
+                first: k0 == 0,
+            };
+            passes!(tokens, |t0, W| {
+                if W == 16 {
+                    ymm_pass::<8>(&slice, t0, out.add(t0 * ld), ld, rows);
+                    ymm_pass::<8>(&slice, t0 + 8, out.add((t0 + 8) * ld), ld, rows);
+                } else {
+                    ymm_pass::<W>(&slice, t0, out.add(t0 * ld), ld, rows);
+                }
+            });
+        }
+    }
+}
+
+/// Blocks `bs` of half `h` of a 4-bit group's weights, element after element, eight lanes each, into
+/// `w`.
+#[inline(always)]
+unsafe fn decode_ymm(
+    kind: GgmlType,
+    group: *const u8,
+    h: usize,
+    blocks: usize,
+    bs: Range<usize>,
+    w: *mut f32,
+) {
+    let scales = group.add(blocks * quant_bytes(kind) + 16 * h);
+    let nibble = _mm256_set1_epi32(0x0F);
+    let magic = _mm256_set1_epi32(MAGIC.to_bits() as i32);
+    let unbias = _mm256_set1_ps(if kind == GgmlType::Q4_0 {
+        MAGIC + 8.0
+    } else {
+        MAGIC
+    });
+    macro_rules! half {
+        ($at:expr) => {
+            _mm256_cvtph_ps(_mm_loadu_si128(scales.add($at) as *const __m128i))
+        };
+    }
+    for b in bs.clone() {
+        let d = half!(b * 2 * LANES);
+        if h == 0 {
+            let q = group.add(b * quant_bytes(kind));
+            prefetch::weights_ahead(q, quant_bytes(kind) / prefetch::LINE_BYTES);
+            if b.is_multiple_of(2) {
+                prefetch::weights_ahead(scales.add(b * 2 * LANES), 1);
+                prefetch::weights_ahead(scales.add((blocks + b) * 2 * LANES), 1);
+            }
+        }
+        let offset = if kind == GgmlType::Q4_1 {
+            half!((blocks + b) * 2 * LANES)
+        } else {
+            _mm256_setzero_ps() // unused
+        };
+        let wb = w.add((b - bs.start) * BLOCK * 8);
+        let q = group.add(b * quant_bytes(kind) + 32 * h);
+        // as `decode_zmm`'s, with an AND and an OR for the ternary logic
+        macro_rules! store {
+            ($bits:expr, $e:expr) => {{
+                let q = _mm256_or_si256(_mm256_and_si256($bits, nibble), magic);
+                let v = _mm256_mul_ps(d, _mm256_sub_ps(_mm256_castsi256_ps(q), unbias));
+                let v = if kind == GgmlType::Q4_1 {
+                    _mm256_add_ps(v, offset)
+                } else {
+                    v
+                };
+                _mm256_storeu_ps(wb.add($e * 8), v);
+            }};
+        }
+        for high in [false, true] {
+            for c in 0..4 {
+                let v = _mm256_loadu_si256(q.add(64 * c) as *const __m256i);
+                let v = if high { _mm256_srli_epi32::<4>(v) } else { v };
+                let e = usize::from(high) * 16 + 4 * c;
+                store!(v, e);
+                store!(_mm256_srli_epi32::<8>(v), e + 1);
+                store!(_mm256_srli_epi32::<16>(v), e + 2);
+                store!(_mm256_srli_epi32::<24>(v), e + 3);
+            }
+        }
+    }
+}
+
+/// [`zmm_pass`] on a decoded slice of a half group: `rows` of the eight lanes loaded and stored.
+#[inline(always)]
+unsafe fn ymm_pass<const T: usize>(s: &Slice, t0: usize, out: *mut f32, ld: usize, rows: usize) {
+    let mut lanes = [0f32; 8];
+    // [token] × eight rows: the sums so far, exactly as stored
+    let mut acc = [_mm256_setzero_ps(); T];
+    if !s.first {
+        for (t, a) in acc.iter_mut().enumerate() {
+            if rows == 8 {
+                *a = _mm256_loadu_ps(out.add(t * ld));
+            } else {
+                std::ptr::copy_nonoverlapping(out.add(t * ld), lanes.as_mut_ptr(), rows);
+                *a = _mm256_loadu_ps(lanes.as_ptr());
+            }
+        }
+    }
+    let x = s.x.add(t0 * s.k);
+    for kk in 0..s.len {
+        let wv = _mm256_loadu_ps(s.w.add(kk * 8));
+        for (t, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_fmadd_ps(wv, _mm256_set1_ps(*x.add(t * s.k + kk)), *a);
+        }
+    }
+    for (t, a) in acc.iter().enumerate() {
+        if rows == 8 {
+            _mm256_storeu_ps(out.add(t * ld), *a);
+        } else {
+            _mm256_storeu_ps(lanes.as_mut_ptr(), *a);
+            std::ptr::copy_nonoverlapping(lanes.as_ptr(), out.add(t * ld), rows);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,40 +447,68 @@ mod tests {
         // 37 rows: two whole groups and one of five lanes, read in a shuffled order
         let n = 37;
         let order: Vec<u32> = (0..n as u32).map(|r| (r * 7 + 3) % n as u32).collect();
-        let kind = GgmlType::Q8_0;
-        if !takes(kind) {
-            return; // not regrouped at this level
-        }
-        // one slice, several with a short last one
-        for k in [64, 320, 608] {
-            let rows = || matrix(kind, n, k, 5).with_row_order(order.clone()).unwrap();
-            let (stored, regrouped) = (rows(), rows().interleaved_for_this_cpu());
-            assert!(regrouped.is_interleaved());
-            let x = centered(45 * k, 9);
-            for tokens in TOKENS {
-                let x = &x[..tokens * k];
-                // the tiles' portable loop on rows as the file stores them: the ground truth
-                let mut want = vec![0f32; tokens * n];
-                matmul_on(&stored, x, tokens, &mut want, false);
-                let packed = regrouped.interleaved().unwrap();
-                let mut got = vec![f32::NAN; tokens * n];
-                matmul_many(&[packed], x, tokens, &mut [&mut got[..]]);
-                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                assert_eq!(
-                    bits(&got),
-                    bits(&want),
-                    "{} k={k}, {tokens} tokens",
-                    kind.name()
-                );
-                // and through the prompt path, which routes regrouped matrices here
-                let mut routed = vec![f32::NAN; tokens * n];
-                matmul_on(&regrouped, x, tokens, &mut routed, true);
-                assert_eq!(
-                    bits(&routed),
-                    bits(&want),
-                    "{} routed, {tokens} tokens",
-                    kind.name()
-                );
+        for kind in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            if !takes(kind) {
+                continue;
+            }
+            // one slice, several with a short last one
+            for k in [64, 320, 608] {
+                let rows = || matrix(kind, n, k, 5).with_row_order(order.clone()).unwrap();
+                let (stored, regrouped) = (rows(), rows().interleaved_for_this_cpu());
+                assert!(regrouped.is_interleaved());
+                let x = centered(45 * k, 9);
+                for tokens in TOKENS {
+                    let x = &x[..tokens * k];
+                    // the tiles' portable loop on rows as the file stores them: the ground truth
+                    let mut want = vec![0f32; tokens * n];
+                    matmul_on(&stored, x, tokens, &mut want, false);
+                    let packed = regrouped.interleaved().unwrap();
+                    let mut got = vec![f32::NAN; tokens * n];
+                    matmul_many(&[packed], x, tokens, &mut [&mut got[..]]);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{} k={k}, {tokens} tokens",
+                        kind.name()
+                    );
+                    // and through the prompt path, which routes regrouped matrices here
+                    let mut routed = vec![f32::NAN; tokens * n];
+                    matmul_on(&regrouped, x, tokens, &mut routed, true);
+                    assert_eq!(
+                        bits(&routed),
+                        bits(&want),
+                        "{} routed, {tokens} tokens",
+                        kind.name()
+                    );
+                    // and the AVX2 kernel, where the CPU runs it, for the 4-bit types
+                    if kind != GgmlType::Q8_0 && crate::isa::avx2() {
+                        let mut ymm = vec![f32::NAN; tokens * n];
+                        let mut decoded = vec![0f32; K_SLICE * LANES];
+                        for g in 0..n.div_ceil(LANES) {
+                            let lanes = LANES.min(n - g * LANES);
+                            // SAFETY: AVX2 checked; the group's columns of `ymm` exist
+                            unsafe {
+                                group_ymm(
+                                    packed,
+                                    g,
+                                    x,
+                                    tokens,
+                                    ymm.as_mut_ptr().add(g * LANES),
+                                    n,
+                                    lanes,
+                                    &mut decoded,
+                                )
+                            };
+                        }
+                        assert_eq!(
+                            bits(&ymm),
+                            bits(&want),
+                            "{} on AVX2, {tokens} tokens",
+                            kind.name()
+                        );
+                    }
+                }
             }
         }
     }
@@ -270,7 +516,7 @@ mod tests {
     #[test]
     fn several_matrices_share_one_job_and_keep_their_own_results() {
         let k = 96;
-        let kind = GgmlType::Q8_0;
+        let kind = GgmlType::Q4_1;
         if !takes(kind) {
             return;
         }
@@ -293,8 +539,8 @@ mod tests {
 
     #[test]
     fn a_mixed_projection_sends_each_matrix_to_its_own_kernel() {
-        // regrouped 4-bit (on the tiles here), Q8_0 (regrouped only on AVX-512), a K-quant and rows
-        // as stored, side by side in one call as q, k and v are: each gets the bits it gets alone
+        // regrouped 4-bit, Q8_0 (regrouped only on AVX-512), a K-quant and rows as stored, side by
+        // side in one call as q, k and v are: each gets the bits it gets alone
         let k = 256;
         let ms = [
             matrix(GgmlType::Q4_1, 24, k, 1).interleaved_for_this_cpu(),
