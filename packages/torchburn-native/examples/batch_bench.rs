@@ -3,6 +3,10 @@
 //! on the Rust side alone: `cargo run --release --no-default-features --example batch_bench --
 //! [context [B...]]`. Each batch size runs its sequences at `context` cached positions; the sizes take
 //! turns in rounds (this machine's speed drifts) and each keeps its fastest round.
+//!
+//! Knobs (environment): `PROMPTS=8,64` times prompts of those lengths instead; `BODY=Q8_0` gives the
+//! layers another type; `SHARED=1` gives every layer the first one's matrices (cache-resident: the
+//! products' own time); `TORCHBURN_ROWS=1` keeps the stored rows; `BATCH_BENCH_ROUNDS` for profiling.
 use std::sync::Arc;
 use std::time::Instant;
 use torchburn_native::kernels::ggml::{GgmlMatrix, GgmlType, WeightBytes};
@@ -59,9 +63,22 @@ fn main() {
             .expect("a GGUF type name")
     });
     let mut seed = 1u64;
-    let mut proj = |n: usize, k: usize| Projection {
-        w: Weight::Ggml(ggml(body, n, k, &mut seed)),
-        bias: None,
+    // SHARED=1: every layer takes the first layer's matrices (which then stay in cache), to tell the
+    // products' own time from the time spent waiting on memory
+    let shared = std::env::var_os("SHARED").is_some();
+    let mut made: std::collections::HashMap<(usize, usize), Arc<GgmlMatrix>> = Default::default();
+    let mut proj = |n: usize, k: usize| {
+        let w = if shared {
+            made.entry((n, k))
+                .or_insert_with(|| ggml(body, n, k, &mut seed))
+                .clone()
+        } else {
+            ggml(body, n, k, &mut seed)
+        };
+        Projection {
+            w: Weight::Ggml(w),
+            bias: None,
+        }
     };
     let ones: Vec<f32> = vec![1.0; hidden];
     let layers: Vec<Layer> = (0..layers)
