@@ -20,7 +20,7 @@ pub const WEIGHTS_DISTANCE_BYTES: usize = 8192;
 /// Prefetches the line `DISTANCE_BYTES` past `p` for reading. Never faults, whatever the address.
 #[inline(always)]
 pub fn read_ahead<T>(p: *const T) {
-    line_ahead::<false, i8>(p.cast::<i8>().wrapping_add(DISTANCE_BYTES))
+    line_ahead::<false>(p.cast::<i8>().wrapping_add(DISTANCE_BYTES))
 }
 
 /// Prefetches `lines` consecutive lines from [`WEIGHTS_DISTANCE_BYTES`] past `p` for reading.
@@ -28,21 +28,20 @@ pub fn read_ahead<T>(p: *const T) {
 pub fn weights_ahead<T>(p: *const T, lines: usize) {
     let at = p.cast::<i8>().wrapping_add(WEIGHTS_DISTANCE_BYTES);
     for l in 0..lines {
-        line_ahead::<false, i8>(at.wrapping_add(l * LINE_BYTES))
+        line_ahead::<false>(at.wrapping_add(l * LINE_BYTES))
     }
 }
 
 /// Prefetches the line `DISTANCE_BYTES` past `p` for writing (in exclusive state where the CPU can).
 #[inline(always)]
 pub fn write_ahead<T>(p: *const T) {
-    line_ahead::<true, i8>(p.cast::<i8>().wrapping_add(DISTANCE_BYTES))
+    line_ahead::<true>(p.cast::<i8>().wrapping_add(DISTANCE_BYTES))
 }
 
 /// The prefetch instruction itself, for the line holding `at`: x86 only for now (other targets rely
 /// on their hardware prefetchers; nothing was measured there).
 #[inline(always)]
-fn line_ahead<const WRITE: bool, T>(at: *const T) {
-    let at = at.cast::<i8>();
+fn line_ahead<const WRITE: bool>(at: *const i8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is a hint; it never faults, whatever the address
     unsafe {

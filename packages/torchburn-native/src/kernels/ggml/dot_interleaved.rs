@@ -18,9 +18,8 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::acts::Acts;
-use super::interleaved::{quant_bytes, Interleaved, LANES};
+use super::interleaved::{fetch_block_ahead, quant_bytes, Interleaved, LANES};
 use super::GgmlType;
-use crate::kernels::prefetch;
 
 /// Tokens one pass over the weights takes (their accumulators stay in registers).
 const PASS: usize = 8;
@@ -198,6 +197,15 @@ unsafe fn regions(group: *const u8, blocks: usize, kind: GgmlType) -> [*const u8
     [group, scales, scales.add(blocks * 2 * LANES)]
 }
 
+/// The 4-bit type with (`OFFSET`) or without a stored offset.
+const fn kind4<const OFFSET: bool>() -> GgmlType {
+    if OFFSET {
+        GgmlType::Q4_1
+    } else {
+        GgmlType::Q4_0
+    }
+}
+
 /// Each token's per-block activation scale `dx` and `dx · Σ q`, read once per block by the kernels.
 struct TokenScales<const N: usize> {
     dx: [*const f32; N],
@@ -209,27 +217,6 @@ impl<const N: usize> TokenScales<N> {
         TokenScales {
             dx: std::array::from_fn(|t| tokens[t].d.as_ptr()),
             dsum: std::array::from_fn(|t| tokens[t].dsum.as_ptr()),
-        }
-    }
-}
-
-/// Prefetches what block `b` of a group will read some way ahead: its `lines` lines of integers from
-/// `quants`, and every other block (two blocks' sixteen f16 per line) the scales' and, `OFFSET`, the
-/// offsets' line. The memory's latency, not the instructions, bounds a product otherwise (see
-/// [`prefetch::WEIGHTS_DISTANCE_BYTES`]).
-#[inline(always)]
-fn fetch_ahead<const OFFSET: bool>(
-    quants: *const u8,
-    lines: usize,
-    scales: *const u8,
-    offsets: *const u8,
-    b: usize,
-) {
-    prefetch::weights_ahead(quants, lines);
-    if b.is_multiple_of(2) {
-        prefetch::weights_ahead(scales.wrapping_add(b * 32), 1);
-        if OFFSET {
-            prefetch::weights_ahead(offsets.wrapping_add(b * 32), 1);
         }
     }
 }
@@ -263,7 +250,7 @@ unsafe fn zmm_group4<const OFFSET: bool, const VNNI: bool, const N: usize>(
         } else {
             _mm512_mul_ps(d, _mm512_set1_ps(-8.0))
         };
-        fetch_ahead::<OFFSET>(quants.add(b * 256), 4, scales, offsets, b);
+        fetch_block_ahead(kind4::<OFFSET>(), group, blocks, b);
         // w[j]: elements 4j..4j+4 of each row (j < 4 low nibbles, then 16 + 4(j - 4).. high)
         let mut w = [_mm512_setzero_si512(); 8];
         for j in 0..4 {
@@ -312,7 +299,7 @@ unsafe fn zmm_group8<const VNNI: bool, const N: usize>(
     for b in 0..blocks {
         let d = _mm512_cvtph_ps(_mm256_load_si256(scales.add(b * 32) as *const __m256i));
         let q = quants.add(b * 512);
-        fetch_ahead::<false>(q, 8, scales, scales, b);
+        fetch_block_ahead(GgmlType::Q8_0, group, blocks, b);
         // w[c]: elements 2c, 2c + 1 of each row as int16
         let w: [__m512i; 16] = std::array::from_fn(|c| {
             _mm512_cvtepi8_epi16(_mm256_load_si256(q.add(32 * c) as *const __m256i))
@@ -365,7 +352,7 @@ unsafe fn ymm_group4<const OFFSET: bool, const N: usize>(
                 _mm256_mul_ps(d, _mm256_set1_ps(-8.0))
             };
             if h == 0 {
-                fetch_ahead::<OFFSET>(quants.add(b * 256), 4, scales, offsets, b);
+                fetch_block_ahead(kind4::<OFFSET>(), group, blocks, b);
             }
             let mut w = [_mm256_setzero_si256(); 8];
             for j in 0..4 {

@@ -28,6 +28,7 @@ use half::f16;
 use torchburn_native_macros::isa_versions;
 
 use super::blocks::GgmlType;
+use crate::kernels::prefetch;
 use crate::threads::{self, SendPtr};
 
 /// Rows per group: one per 32-bit lane of an AVX-512 register.
@@ -61,6 +62,23 @@ pub fn quant_bytes(kind: GgmlType) -> usize {
         LANES * BLOCK
     } else {
         LANES * BLOCK / 2
+    }
+}
+
+/// Prefetches what block `b` of the group at `group` (`blocks` blocks a row) will read, some way
+/// ahead (see [`prefetch::WEIGHTS_DISTANCE_BYTES`]: the memory's latency, not the instructions, bounds
+/// a product otherwise): the block's integer lines and, every other block (two blocks' sixteen f16 to
+/// a line), the scales' line and Q4_1's offsets' line.
+#[inline(always)]
+pub fn fetch_block_ahead(kind: GgmlType, group: *const u8, blocks: usize, b: usize) {
+    let bytes = quant_bytes(kind);
+    prefetch::weights_ahead(group.wrapping_add(b * bytes), bytes / prefetch::LINE_BYTES);
+    if b.is_multiple_of(2) {
+        let scales = group.wrapping_add(blocks * bytes + b * 2 * LANES);
+        prefetch::weights_ahead(scales, 1);
+        if kind == GgmlType::Q4_1 {
+            prefetch::weights_ahead(scales.wrapping_add(blocks * 2 * LANES), 1);
+        }
     }
 }
 

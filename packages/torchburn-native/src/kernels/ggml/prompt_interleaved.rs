@@ -18,9 +18,8 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::interleaved::{quant_bytes, Interleaved, LANES};
+use super::interleaved::{fetch_block_ahead, quant_bytes, Interleaved, LANES};
 use super::GgmlType;
-use crate::kernels::prefetch;
 use crate::threads::{self, SendPtr};
 
 /// Elements per block of the regrouped types.
@@ -198,11 +197,7 @@ unsafe fn decode_zmm(
         let d = half!(b * 2 * LANES);
         let wb = w.add((b - bs.start) * BLOCK * LANES);
         let q = group.add(b * quant_bytes(kind));
-        prefetch::weights_ahead(q, quant_bytes(kind) / prefetch::LINE_BYTES);
-        if b.is_multiple_of(2) {
-            prefetch::weights_ahead(scales.add(b * 2 * LANES), 1);
-            prefetch::weights_ahead(scales.add((blocks + b) * 2 * LANES), 1);
-        }
+        fetch_block_ahead(kind, group, blocks, b);
         if kind == GgmlType::Q8_0 {
             // chunk c: elements 2c and 2c + 1 of each row, an i16 pair per lane once widened
             for c in 0..BLOCK / 2 {
@@ -358,12 +353,7 @@ unsafe fn decode_ymm(
     for b in bs.clone() {
         let d = half!(b * 2 * LANES);
         if h == 0 {
-            let q = group.add(b * quant_bytes(kind));
-            prefetch::weights_ahead(q, quant_bytes(kind) / prefetch::LINE_BYTES);
-            if b.is_multiple_of(2) {
-                prefetch::weights_ahead(scales.add(b * 2 * LANES), 1);
-                prefetch::weights_ahead(scales.add((blocks + b) * 2 * LANES), 1);
-            }
+            fetch_block_ahead(kind, group, blocks, b);
         }
         let offset = if kind == GgmlType::Q4_1 {
             half!((blocks + b) * 2 * LANES)
