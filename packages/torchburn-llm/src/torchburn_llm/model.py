@@ -123,6 +123,7 @@ class Transformer:
         # quantized prompts run natively too; fp32 ones stay in tensor code, on PyTorch's BLAS
         self.native_prefill = quant != "fp32"
         self.native_prefills = 0  # prompts run by the native decoder
+        self.native_batched_prefills = 0  # calls of prefill_batch that ran several prompts in one native call
         self._decoder: Decoder | None = None
 
         def linear(name: str) -> Linear:
@@ -264,6 +265,59 @@ class Transformer:
         for c in caches:
             c.length += 1
         self.native_batched_steps += 1
+        return logits
+
+    @torch.no_grad()
+    def prefill_batch(self, prompts: Sequence[Sequence[int]], caches: Sequence[KVCache]) -> torch.Tensor:
+        """Last logits [P, V] of P prompts, each run at the next positions of its own cache (whose keys
+        and values it joins): row ``i`` is what ``forward(prompts[i], caches[i], last_only=True)``
+        gives. Natively, the prompts long enough for the prompt kernels run together in one call that
+        reads the weights once for all of them (a server admitting several requests at once), each
+        getting its lone run's logits bit for bit; the others run one by one."""
+        from torchburn_native.transformer import PROMPT_KERNEL_MIN_TOKENS
+
+        p = len(prompts)
+        if p != len(caches):
+            raise ValueError(f"prefill_batch got {p} prompts for {len(caches)} KV caches: it needs one per prompt")
+        if len({id(c) for c in caches}) != p:
+            raise ValueError("prefill_batch needs a KV cache per prompt; the same cache appears twice")
+        ids = [[operator.index(t) for t in prompt] for prompt in prompts]
+        vocab = self.cfg.vocab_size
+        for i, (prompt, cache) in enumerate(zip(ids, caches, strict=True)):
+            if not prompt:
+                raise ValueError(f"prompt {i} has no tokens")
+            if min(prompt) < 0 or max(prompt) >= vocab:
+                raise ValueError(f"prompt {i}: token ids must lie in [0, {vocab}), got {min(prompt)}..{max(prompt)}")
+            cache.check_room(len(prompt))
+        logits = torch.empty(p, vocab)
+        together = [
+            i for i, prompt in enumerate(ids) if self.native_prefill and len(prompt) >= PROMPT_KERNEL_MIN_TOKENS
+        ]
+        if len(together) < 2:
+            together = []
+        for i in sorted(set(range(p)) - set(together)):
+            logits[i] = self.forward(torch.tensor(ids[i]), caches[i], last_only=True)[-1]
+        if together:
+            # every prompt's rotary rows at its own positions, one prompt after the other: [ΣT, R] per table
+            mains, locals_ = zip(*(self._rotary_rows(caches[i].length, len(ids[i])) for i in together), strict=True)
+            cos, sin = torch.cat([c for c, _ in mains]), torch.cat([s for _, s in mains])
+            local_cos, local_sin = torch.cat([c for c, _ in locals_]), torch.cat([s for _, s in locals_])
+            out = torch.empty(len(together), vocab)
+            self.native_decoder().prefill_batch(
+                [ids[i] for i in together],
+                [caches[i].length for i in together],
+                [caches[i].keys for i in together],
+                [caches[i].values for i in together],
+                cos,
+                sin,
+                out,
+                local_cos,
+                local_sin,
+            )
+            for row, i in zip(out, together, strict=True):
+                logits[i] = row
+                caches[i].length += len(ids[i])
+            self.native_batched_prefills += 1
         return logits
 
     def _rotary_rows(self, start: int, t: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

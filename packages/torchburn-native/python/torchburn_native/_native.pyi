@@ -171,12 +171,32 @@ class Decoder:
         local_cos: int = 0,
         local_sin: int = 0,
     ) -> None: ...
+    def prefill_batch(
+        self,
+        prompts: list[list[int]],
+        starts: list[int],
+        keys: list[int],
+        values: list[int],
+        capacities: list[int],
+        cos: int,
+        sin: int,
+        logits: int,
+        local_cos: int = 0,
+        local_sin: int = 0,
+    ) -> None:
+        """Several sequences' prompts in one pass, each over its own KV cache: ``cos`` / ``sin`` are
+        [ΣT, rotary width] f32 (each prompt's rows after the previous one's) and ``logits`` [P, vocab]
+        f32 (each prompt's last token)."""
     @property
     def num_layers(self) -> int: ...
 
 def matmul_many(mats: list[QMatrix], x: int, rows: int, outs: list[int]) -> None:
     """``outs[i][rows, n_i] = x[rows, k] @ W_i.T`` for matrices of one width: the tokens are read once for
     all of them. Buffers are addresses of contiguous f32 tensors."""
+
+PROMPT_KERNEL_MIN_TOKENS: int
+"""Rows from which prompt projections take the prompt kernels (f32 tiles) instead of the decode
+step's (activations quantized per row)."""
 
 def init_threads(n: int) -> int: ...
 def num_threads() -> int: ...

@@ -30,8 +30,8 @@ from typing import Literal
 
 import torch
 
+from ._native import PROMPT_KERNEL_MIN_TOKENS, GgmlMatrix, QMatrix
 from ._native import Decoder as _NativeDecoder
-from ._native import GgmlMatrix, QMatrix
 from ._native import matmul_many as _matmul_many
 
 QuantKind = Literal["int8", "int8-blocks", "int4", "bf16"]
@@ -301,6 +301,55 @@ class Decoder:
         io = self._buffers(keys, values, (cos, sin, local_cos, local_sin), logits, t, t if all_logits else 1)
         self._native.prefill(list(tokens), start, *io[:6], all_logits, *io[6:])
 
+    def prefill_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        starts: Sequence[int],
+        keys: Sequence[torch.Tensor],
+        values: Sequence[torch.Tensor],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        logits: torch.Tensor,
+        local_cos: torch.Tensor | None = None,
+        local_sin: torch.Tensor | None = None,
+    ) -> None:
+        """Run the prompts of P sequences in one pass: ``prompts[i]`` at positions ``starts[i] ..`` of
+        sequence ``i``, whose KV cache ``keys[i]`` / ``values[i]`` holds ``0..starts[i]``. ``cos`` and
+        ``sin`` (and ``local_cos`` / ``local_sin``) hold every prompt's rotary rows, one prompt after
+        the other, f32 [ΣT, rotary width]; row ``i`` of ``logits`` (f32 [P, vocab]) gets prompt ``i``'s
+        last logits. The weights are read once for all the prompts; one of at least 8 tokens gets
+        what :meth:`prefill` gives it alone, bit for bit. Every prompt needs a cache of its own."""
+        p = len(prompts)
+        if p == 0:
+            raise ValueError("prefill_batch needs at least one prompt")
+        if not len(starts) == len(keys) == len(values) == p:
+            raise ValueError(
+                f"prefill_batch got {p} prompts, {len(starts)} starts, {len(keys)} key caches and "
+                f"{len(values)} value caches: it needs one of each per prompt"
+            )
+        ids = [[int(t) for t in prompt] for prompt in prompts]
+        for what, numbers in (("token id", [t for prompt in ids for t in prompt]), ("start", starts)):
+            bad = next((v for v in numbers if v < 0), None)
+            if bad is not None:
+                raise IndexError(f"a {what} must not be negative, got {bad}")
+        capacities = [self._cache(k, v) for k, v in zip(keys, values, strict=True)]
+        rows = sum(len(prompt) for prompt in ids)
+        cos_at, sin_at, local_cos_at, local_sin_at = self._tables((cos, sin, local_cos, local_sin), rows)
+        out = self._logits(logits, p)
+        # token ids, room in each cache and distinct caches: the native side checks them, naming the prompt
+        self._native.prefill_batch(
+            ids,
+            [int(s) for s in starts],
+            [k.data_ptr() for k in keys],
+            [v.data_ptr() for v in values],
+            capacities,
+            cos_at,
+            sin_at,
+            out,
+            local_cos_at,
+            local_sin_at,
+        )
+
     def _address(self, t: torch.Tensor | None, numel: int, what: str) -> int:
         """The address of ``t`` as contiguous f32 (0 for None), the tensor behind it kept alive."""
         if t is None:
@@ -398,6 +447,7 @@ class Decoder:
 
 
 __all__ = [
+    "PROMPT_KERNEL_MIN_TOKENS",
     "Activation",
     "Decoder",
     "Dims",

@@ -451,6 +451,101 @@ impl Decoder {
         Ok(())
     }
 
+    /// Runs several sequences' prompts in one pass: prompt `i` at positions `starts[i]..` of its own
+    /// cache, its rotary rows stacked after the previous prompts' in `cos` / `sin`
+    /// (`[ΣT, rotary_dim]`), its last token's logits into row `i` of `logits` (`[P, vocab]`).
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (prompts, starts, keys, values, capacities, cos, sin, logits, local_cos=0, local_sin=0))]
+    fn prefill_batch(
+        &self,
+        py: Python<'_>,
+        prompts: Vec<Vec<usize>>,
+        starts: Vec<usize>,
+        keys: Vec<usize>,
+        values: Vec<usize>,
+        capacities: Vec<usize>,
+        cos: usize,
+        sin: usize,
+        logits: usize,
+        local_cos: usize,
+        local_sin: usize,
+    ) -> PyResult<()> {
+        let d = self.inner.dims;
+        let n = prompts.len();
+        if n == 0 {
+            return Err(PyValueError::new_err(
+                "prefill_batch needs at least one prompt",
+            ));
+        }
+        let lengths = [starts.len(), keys.len(), values.len(), capacities.len()];
+        if lengths.iter().any(|&m| m != n) {
+            return Err(PyValueError::new_err(format!(
+                "prefill_batch got {n} prompts, {} starts, {} key caches, {} value caches and {} \
+                 capacities: it needs one of each per prompt",
+                lengths[0], lengths[1], lengths[2], lengths[3]
+            )));
+        }
+        for (i, (tokens, (&start, &capacity))) in prompts
+            .iter()
+            .zip(starts.iter().zip(&capacities))
+            .enumerate()
+        {
+            if tokens.is_empty() {
+                return Err(PyValueError::new_err(format!("prompt {i} has no tokens")));
+            }
+            if let Some(bad) = tokens.iter().find(|&&t| t >= d.vocab) {
+                return Err(PyIndexError::new_err(format!(
+                    "prompt {i}: token id {bad} is out of bounds for a vocabulary of {}",
+                    d.vocab
+                )));
+            }
+            if start.saturating_add(tokens.len()) > capacity {
+                return Err(PyIndexError::new_err(format!(
+                    "prompt {i}: positions {start}..{} do not fit a KV cache of {capacity} positions",
+                    start.saturating_add(tokens.len())
+                )));
+            }
+        }
+        self.check_distinct_caches(&keys, &values, &capacities)?;
+        // prompt i's rows of the tables (after the earlier prompts') and of the logits
+        let row = |base: usize, first: usize, len: usize| {
+            if base == 0 {
+                0
+            } else {
+                base + first * len * std::mem::size_of::<f32>()
+            }
+        };
+        let rd = d.rotary_dim;
+        let mut first = 0;
+        let mut ios = Vec::with_capacity(n);
+        for (i, tokens) in prompts.iter().enumerate() {
+            ios.push(IoAddresses::new(
+                keys[i],
+                values[i],
+                capacities[i],
+                [cos, sin, local_cos, local_sin].map(|t| row(t, first, rd)),
+                row(logits, i, d.vocab),
+            )?);
+            first += tokens.len();
+        }
+        // SAFETY: as in `prefill`, for every prompt; their caches are distinct (checked above) and
+        // their rows of the tables and logits are distinct rows of the caller's buffers
+        py.detach(move || unsafe {
+            let batch: Vec<transformer::Prompt> = prompts
+                .iter()
+                .zip(&starts)
+                .zip(ios)
+                .map(|((tokens, &start), io)| transformer::Prompt {
+                    tokens,
+                    start,
+                    io: io.get(),
+                })
+                .collect();
+            self.inner.prefill_batch(&batch)
+        });
+        Ok(())
+    }
+
     #[getter]
     fn num_layers(&self) -> usize {
         self.inner.layers.len()
@@ -544,5 +639,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<QMatrix>()?;
     m.add_class::<Decoder>()?;
     m.add_function(wrap_pyfunction!(matmul_many, m)?)?;
+    m.add(
+        "PROMPT_KERNEL_MIN_TOKENS",
+        crate::kernels::qprefill::MIN_TOKENS,
+    )?;
     Ok(())
 }

@@ -176,6 +176,7 @@ pub struct Decoder {
 /// values), the rotary tables of the positions it runs (`[T, rotary_dim]` each; one row for a step;
 /// `[0]` the main table, `[1]` the one layers with `rope == 1` read, which may be the same) and the
 /// logits (`vocab` per token they are asked for).
+#[derive(Clone, Copy)]
 pub struct CacheIo {
     pub keys: *mut f32,
     pub values: *mut f32,

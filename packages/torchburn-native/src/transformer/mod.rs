@@ -22,3 +22,4 @@ mod prefill;
 mod project;
 
 pub use decoder::{Activation, CacheIo, Decoder, Dims, Embedding, Layer, Projection, Weight};
+pub use prefill::Prompt;

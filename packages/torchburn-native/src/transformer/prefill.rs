@@ -27,6 +27,14 @@ use crate::threads::{self, SendPtr};
 /// prompts and the causal triangle's uneven blocks balance out.
 const QUERY_BLOCK: usize = 32;
 
+/// One prompt of a batched prefill: `tokens` at positions `start..start + T` of the sequence whose
+/// cache holds `0..start` (`io`: its cache, its rotary rows `[T, rotary_dim]` and its logits).
+pub struct Prompt<'a> {
+    pub tokens: &'a [usize],
+    pub start: usize,
+    pub io: CacheIo,
+}
+
 impl Decoder {
     /// Runs `tokens` at positions `start..start + T` (the cache holds `0..start`), writing the last
     /// token's logits, or every token's (`[T, vocab]`) with `all_logits`.
@@ -35,27 +43,55 @@ impl Decoder {
     /// Every address the decoder holds must be live; `io`'s buffers must have the sizes [`CacheIo`]
     /// names, with `start + T <= io.capacity`, and not overlap the weights.
     pub unsafe fn prefill(&self, tokens: &[usize], start: usize, io: &CacheIo, all_logits: bool) {
-        threads::on_own_pool(|| self.prefill_on_pool(tokens, start, io, all_logits))
+        let prompt = Prompt {
+            tokens,
+            start,
+            io: *io,
+        };
+        threads::on_own_pool(|| self.prefill_on_pool(&[prompt], all_logits))
+    }
+
+    /// Runs several sequences' prompts in one pass: the projections take all their rows at once (each
+    /// weight read once for all of them, as one longer prompt would), attention runs per prompt over
+    /// its own cache, and each prompt's last logits go to its own buffer. A prompt of at least
+    /// [`qprefill::MIN_TOKENS`] tokens gets what [`Decoder::prefill`] gives it alone, bit for bit
+    /// (the prompt kernels compute each row on its own); a shorter one would take the prompt
+    /// kernels' arithmetic here and the decode kernels' alone.
+    ///
+    /// # Safety
+    /// As [`Decoder::prefill`] for every prompt; besides, no two prompts' caches or logits may
+    /// overlap.
+    pub unsafe fn prefill_batch(&self, prompts: &[Prompt<'_>]) {
+        threads::on_own_pool(|| self.prefill_on_pool(prompts, false))
     }
 
     /// # Safety
-    /// As [`Decoder::prefill`].
-    unsafe fn prefill_on_pool(
-        &self,
-        tokens: &[usize],
-        start: usize,
-        io: &CacheIo,
-        all_logits: bool,
-    ) {
+    /// As [`Decoder::prefill_batch`]; `all_logits` with a single prompt only.
+    unsafe fn prefill_on_pool(&self, prompts: &[Prompt<'_>], all_logits: bool) {
         let d = self.dims;
-        let t = tokens.len();
+        assert!(
+            !all_logits || prompts.len() == 1,
+            "every token's logits for one prompt only"
+        );
+        let prompts: Vec<&Prompt> = prompts.iter().filter(|p| !p.tokens.is_empty()).collect();
+        // each prompt's first row in the stacked rows
+        let firsts: Vec<usize> = prompts
+            .iter()
+            .scan(0, |row, p| {
+                let first = *row;
+                *row += p.tokens.len();
+                Some(first)
+            })
+            .collect();
+        let t: usize = prompts.iter().map(|p| p.tokens.len()).sum();
         if t == 0 {
             return;
         }
         let (hd, kvh, hidden) = (d.head_dim, d.kv_heads, d.hidden);
         let (q_len, kv_len) = (d.heads * hd, kvh * hd);
         let inter = self.layers.first().map_or(0, |l| l.gate.n());
-        let mut x = vec![0f32; t * hidden]; // [T, H] the residual stream
+        let mut x = vec![0f32; t * hidden]; // [T, H] the residual stream, every prompt's rows in turn
+        let tokens = prompts.iter().flat_map(|p| p.tokens.iter());
         for (row, &tok) in x.chunks_exact_mut(hidden).zip(tokens) {
             self.embed.row_into(tok, d.vocab, row);
             scale_in_place(row, d.embed_scale);
@@ -70,39 +106,57 @@ impl Decoder {
         let mut proj = vec![0f32; t * hidden];
         let (mut gate, mut up) = (vec![0f32; t * inter], vec![0f32; t * inter]);
         let rd = d.rotary_dim;
-        let layer_stride = kvh * io.capacity * hd;
         for (li, l) in self.layers.iter().enumerate() {
-            let cos = std::slice::from_raw_parts(io.cos[l.rope], t * rd);
-            let sin = std::slice::from_raw_parts(io.sin[l.rope], t * rd);
             norm_rows(&x, slice(l.ln_attn, hidden), d.eps, &mut h);
             project_rows(&[&l.q, &l.k, &l.v], &h, t, &mut [&mut q, &mut k, &mut v]);
-            for (heads, norm, width) in [(&mut q, l.q_norm, q_len), (&mut k, l.k_norm, kv_len)] {
-                let norm = norm.map(|w| slice(w, hd));
-                threads::par_chunks_mut_min(heads, width, 8, |ti, row| {
-                    for head in row.chunks_exact_mut(hd) {
-                        if let Some(w) = norm {
-                            rms_norm_in_place(head, w, d.eps);
+            for (p, &first) in prompts.iter().zip(&firsts) {
+                let (io, pt) = (&p.io, p.tokens.len());
+                // this prompt's positions: its own rotary rows
+                let cos = std::slice::from_raw_parts(io.cos[l.rope], pt * rd);
+                let sin = std::slice::from_raw_parts(io.sin[l.rope], pt * rd);
+                for (heads, norm, width) in [(&mut q, l.q_norm, q_len), (&mut k, l.k_norm, kv_len)]
+                {
+                    let norm = norm.map(|w| slice(w, hd));
+                    let rows = &mut heads[first * width..][..pt * width];
+                    threads::par_chunks_mut_min(rows, width, 8, |ti, row| {
+                        for head in row.chunks_exact_mut(hd) {
+                            if let Some(w) = norm {
+                                rms_norm_in_place(head, w, d.eps);
+                            }
+                            rotate(
+                                &mut head[..rd],
+                                &cos[ti * rd..][..rd],
+                                &sin[ti * rd..][..rd],
+                            );
                         }
-                        rotate(
-                            &mut head[..rd],
-                            &cos[ti * rd..][..rd],
-                            &sin[ti * rd..][..rd],
-                        );
-                    }
-                });
-            }
-            let keys = io.keys.add(li * layer_stride);
-            let values = io.values.add(li * layer_stride);
-            for ti in 0..t {
-                for g in 0..kvh {
-                    let at = (g * io.capacity + start + ti) * hd;
-                    let from = ti * kv_len + g * hd;
-                    std::ptr::copy_nonoverlapping(k[from..].as_ptr(), keys.add(at), hd);
-                    std::ptr::copy_nonoverlapping(v[from..].as_ptr(), values.add(at), hd);
+                    });
                 }
+                // its keys and values into its own cache
+                let layer_stride = kvh * io.capacity * hd;
+                let (keys, values) = (
+                    io.keys.add(li * layer_stride),
+                    io.values.add(li * layer_stride),
+                );
+                for ti in 0..pt {
+                    for g in 0..kvh {
+                        let at = (g * io.capacity + p.start + ti) * hd;
+                        let from = (first + ti) * kv_len + g * hd;
+                        std::ptr::copy_nonoverlapping(k[from..].as_ptr(), keys.add(at), hd);
+                        std::ptr::copy_nonoverlapping(v[from..].as_ptr(), values.add(at), hd);
+                    }
+                }
+                let window = d.window.filter(|_| l.windowed);
+                self.attend_rows(
+                    &q[first * q_len..][..pt * q_len],
+                    keys,
+                    values,
+                    io.capacity,
+                    p.start,
+                    pt,
+                    window,
+                    &mut att[first * q_len..][..pt * q_len],
+                );
             }
-            let window = d.window.filter(|_| l.windowed);
-            self.attend_rows(&q, keys, values, io.capacity, start, t, window, &mut att);
             project_rows(&[&l.o], &att, t, &mut [&mut proj]);
             if let Some(w) = l.post_attn_norm {
                 norm_rows_in_place(&mut proj, slice(w, hidden), d.eps);
@@ -119,14 +173,54 @@ impl Decoder {
             }
             add_into(&mut x, &proj);
         }
-        let rows = if all_logits { t } else { 1 };
-        let last = &x[(t - rows) * hidden..];
-        let mut normed = vec![0f32; rows * hidden];
-        norm_rows(last, slice(self.norm, hidden), d.eps, &mut normed);
-        let logits = std::slice::from_raw_parts_mut(io.logits, rows * d.vocab);
-        project_rows(&[&self.head], &normed, rows, &mut [&mut *logits]);
+        if all_logits {
+            let io = &prompts[0].io;
+            let mut normed = vec![0f32; t * hidden];
+            norm_rows(&x, slice(self.norm, hidden), d.eps, &mut normed);
+            let logits = std::slice::from_raw_parts_mut(io.logits, t * d.vocab);
+            project_rows(&[&self.head], &normed, t, &mut [&mut *logits]);
+            if let Some(cap) = d.final_softcap {
+                threads::par_chunks_mut_min(logits, d.vocab, 1, |_, row| soft_cap(row, cap));
+            }
+            return;
+        }
+        // each prompt's last row: [P, H]
+        let mut last = vec![0f32; prompts.len() * hidden];
+        for ((p, &first), row) in prompts
+            .iter()
+            .zip(&firsts)
+            .zip(last.chunks_exact_mut(hidden))
+        {
+            let at = (first + p.tokens.len() - 1) * hidden;
+            rms_norm(&x[at..][..hidden], slice(self.norm, hidden), d.eps, row);
+        }
+        // fewer rows than the prompt kernels take at a time, so that each last row gets the
+        // arithmetic a prompt's single last row gets alone
+        let per_call = qprefill::MIN_TOKENS - 1;
+        let mut logits = vec![0f32; per_call.min(prompts.len()) * d.vocab];
+        for (rows, ps) in last.chunks(per_call * hidden).zip(prompts.chunks(per_call)) {
+            let n = ps.len();
+            if n == 1 {
+                // straight into its own buffer
+                let out = std::slice::from_raw_parts_mut(ps[0].io.logits, d.vocab);
+                project_rows(&[&self.head], rows, 1, &mut [out]);
+                continue;
+            }
+            let out = &mut logits[..n * d.vocab];
+            project_rows(&[&self.head], rows, n, &mut [&mut *out]);
+            for (p, row) in ps.iter().zip(out.chunks_exact(d.vocab)) {
+                std::ptr::copy_nonoverlapping(row.as_ptr(), p.io.logits, d.vocab);
+            }
+        }
         if let Some(cap) = d.final_softcap {
-            threads::par_chunks_mut_min(logits, d.vocab, 1, |_, row| soft_cap(row, cap));
+            let rows: Vec<SendPtr<f32>> = prompts.iter().map(|p| SendPtr(p.io.logits)).collect();
+            threads::parallel_for(rows.len(), |r| {
+                // SAFETY: prompt r's logits, `vocab` floats of its own
+                soft_cap(
+                    unsafe { std::slice::from_raw_parts_mut(rows[r].get(), d.vocab) },
+                    cap,
+                )
+            });
         }
     }
 

@@ -1,8 +1,9 @@
 """One decode loop for every request: continuous batching.
 
 The engine thread owns the model. Requests wait in a queue; between two decode steps the loop admits
-as many as there are free places in the batch (each prompt's prefill runs then, reusing the longest
-cached prefix), and drops those that finished or whose client went away. Each step runs the next
+as many as there are free places in the batch, and drops those that finished or whose client went
+away. The prompts admitted together run in one prefill (the weights read once for all of them), each
+past the longest prefix a cache already holds. Each step runs the next
 token of every running sequence in one native call (``Transformer.decode_batch``: the weights are
 read once for the whole batch, which is what makes many users cheaper than one after the other),
 then samples each sequence's token under its own settings, seed, stop strings and grammar, and hands
@@ -37,6 +38,11 @@ from .prefix_cache import PrefixCache, cache_bytes, common_prefix
 log = logging.getLogger("torchburn.serve")
 CACHE_GRANULE = 256  # KV caches are sized in multiples of this many positions
 CANCELLED = "cancelled"  # the finish of a job whose client went away (never sent to a client)
+# A request waits for the next round of prefills, instead of joining this one, where a prompt of this
+# round would lend it at least this many more positions than any cache holds now: a copied prefix
+# saves its tokens' compute (about a millisecond each on a small model), joining a round saves one
+# pass over the weights (worth a few prompt tokens).
+PREFIX_OVER_ROUND = 16
 
 
 @dataclass(frozen=True)
@@ -139,6 +145,8 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name="torchburn-engine", daemon=True)
         self.steps = 0  # batched decode steps run
         self.step_tokens = 0  # tokens those steps decoded
+        self.prefill_rounds = 0  # prefills run, each of one or more prompts
+        self.prefill_prompts = 0  # prompts those rounds ran
         self._outbox: list[tuple[Handle, Delta]] | None = None  # a running step's deltas
         self._token_text = lru_cache(maxsize=65536)(self._decode_one)
 
@@ -180,6 +188,8 @@ class Engine:
             "prefix_cache_bytes": self._prefixes.nbytes,
             "decode_steps": self.steps,
             "decode_step_tokens": self.step_tokens,
+            "prefill_rounds": self.prefill_rounds,
+            "prefill_prompts": self.prefill_prompts,
         }
 
     # --- the engine thread ---------------------------------------------------------------------
@@ -226,32 +236,71 @@ class Engine:
         self._active = kept
 
     def _admit(self) -> None:
+        """Admit waiting requests while the batch has room, a round of them at a time: a round's
+        prompts run in one prefill, which reads the weights once for all of them."""
         while self._waiting and len(self._active) < self.limits.max_batch:
-            handle = self._waiting.popleft()
+            self._prefill(self._next_round())
+
+    def _next_round(self) -> list[tuple[Handle, KVCache, int]]:
+        """The requests of the next round of prefills, each with its cache and the prefix it reuses."""
+        round_: list[tuple[Handle, KVCache, int]] = []
+        while self._waiting and len(self._active) + len(round_) < self.limits.max_batch:
+            handle = self._waiting[0]
             if handle.cancelled:
+                self._waiting.popleft()
                 handle.put(Delta(finish=CANCELLED))
                 continue
+            prompt = handle.job.prompt
+            capacity = self._capacity(handle.job)
+            from_round = max((common_prefix(h.job.prompt, prompt) for h, _, _ in round_), default=0)
+            if round_ and from_round >= self._available_prefix(prompt, capacity) + PREFIX_OVER_ROUND:
+                break  # the next round copies that prefix from this one
+            self._waiting.popleft()
             try:
-                seq = self._prefill(handle)
+                cache, reused = self._cache_for(prompt, capacity)
             except Exception as exc:
-                log.exception("prefill failed")
+                log.exception("no KV cache for a request")
                 handle.put(Delta(error=APIError(500, f"generation failed: {exc}", code="generation_failed")))
                 continue
+            reused = max(0, min(reused, len(prompt) - PROMPT_TAIL))  # the answer a fresh prompt gets
+            cache.reset(reused)
+            round_.append((handle, cache, reused))
+        return round_
+
+    def _capacity(self, job: Job) -> int:
+        need = len(job.prompt) + job.max_tokens
+        return min(self.llm.config.max_position, -(-need // CACHE_GRANULE) * CACHE_GRANULE)
+
+    def _prefill(self, round_: list[tuple[Handle, KVCache, int]]) -> None:
+        """Run a round's prompts (past their reused prefixes) and start their sequences."""
+        if not round_:
+            return
+        try:
+            logits = self.model.prefill_batch(
+                [h.job.prompt[reused:] for h, _, reused in round_], [c for _, c, _ in round_]
+            )
+        except Exception as exc:
+            log.exception("prefill failed")
+            failure = APIError(500, f"generation failed: {exc}", code="generation_failed")
+            for handle, _, _ in round_:
+                handle.put(Delta(error=failure))
+            return
+        self.prefill_rounds += 1
+        self.prefill_prompts += len(round_)
+        tokenizer = self.llm.tokenizer
+        for (handle, cache, reused), row in zip(round_, logits, strict=True):
+            job = handle.job
+            seq = _Sequence(
+                handle, cache, list(job.prompt), Sampler(job.params), TextStream(tokenizer, job.stop), reused
+            )
+            self._next(seq, row)
             if not seq.done:
                 self._active.append(seq)
 
-    def _prefill(self, handle: Handle) -> _Sequence:
-        job = handle.job
-        need = len(job.prompt) + job.max_tokens
-        capacity = min(self.llm.config.max_position, -(-need // CACHE_GRANULE) * CACHE_GRANULE)
-        cache, reused = self._cache_for(job.prompt, capacity)
-        reused = max(0, min(reused, len(job.prompt) - PROMPT_TAIL))  # the answer a fresh prompt gets
-        cache.reset(reused)
-        logits = self.model.forward(torch.tensor(job.prompt[reused:]), cache, last_only=True)[-1]
-        tokenizer = self.llm.tokenizer
-        seq = _Sequence(handle, cache, list(job.prompt), Sampler(job.params), TextStream(tokenizer, job.stop), reused)
-        self._next(seq, logits)
-        return seq
+    def _available_prefix(self, prompt: Sequence[int], capacity: int) -> int:
+        """How long a prefix of ``prompt`` the running sequences and idle caches hold."""
+        running = max((common_prefix(seq.ids, prompt) for seq in self._active), default=0)
+        return max(running, self._prefixes.longest(prompt, capacity))
 
     def _cache_for(self, prompt: Sequence[int], capacity: int) -> tuple[KVCache, int]:
         """A cache of ``capacity`` positions holding as long a prefix of ``prompt`` as any cache has:

@@ -47,6 +47,13 @@ class PrefixCache:
         while self.nbytes > self.budget:
             self._entries.popitem(last=False)
 
+    def longest(self, prompt: Sequence[int], capacity: int) -> int:
+        """How long a prefix of ``prompt`` :meth:`take` would give (0: none), taking nothing."""
+        return max(
+            (common_prefix(ids, prompt) for ids, cache in self._entries.values() if cache.capacity >= capacity),
+            default=0,
+        )
+
     def take(self, prompt: Sequence[int], capacity: int, longer_than: int = 0) -> tuple[KVCache, int] | None:
         """The idle cache of at least ``capacity`` positions holding the longest prefix of ``prompt``,
         truncated to that prefix, and its length; None where none shares more than ``longer_than``
