@@ -2,8 +2,9 @@
 cache, against decoding each sequence alone. Sequences of different prompt lengths join and leave
 between steps (a server's continuous batching); every step's logits must match the sequence's own
 decode step and the greedy tokens must be the same, for the shipped GGUF model in its stored types and
-requantized, and for tiny random models (grouped-query Llama; Gemma 2 with a sliding window, logit
-caps and sandwich norms; a GGUF of many stored types)."""
+requantized, and for a tiny random model of every family (grouped-query Llama; Gemma 2 with a sliding
+window, logit caps and sandwich norms; Qwen3's q/k norms; Phi-3's partial rotation...) and a GGUF of
+many stored types."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from llm.test_gguf_stored import _tiny_gguf
-from llm.test_parity import _tiny
+from llm.test_parity import FAMILIES, _tiny
 
 from torchburn_llm import LLM
 from torchburn_llm.errors import ContextLengthError
@@ -96,8 +97,13 @@ def test_shipped_model_batches_match_decoding_alone(shipped: dict[str, LLM], qua
     _continuous_batching(llm.model, [llm.encode(t) for t in texts])
 
 
-@pytest.mark.parametrize("quant", ["fp32", "int8", "int4"])
-@pytest.mark.parametrize("family", ["llama", "gemma2"])
+@pytest.mark.parametrize(
+    ("family", "quant"),
+    [
+        *((family, quant) for family in ("llama", "gemma2") for quant in ("fp32", "int4")),
+        *((family, "int8") for family in sorted(FAMILIES)),
+    ],
+)
 def test_tiny_models_batches_match_decoding_alone(tmp_path: Path, family: str, quant: str) -> None:
     # 4 heads over 2 KV heads; Gemma 2's window of 8 cuts all but the shortest context on its
     # windowed layer, and its caps bend the scores and logits

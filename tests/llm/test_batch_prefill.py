@@ -2,8 +2,9 @@
 against running each prompt alone with ``forward``. A server admits requests that arrive together this
 way; a prompt of the prompt kernels' length must get its lone run's last logits and keys and values
 bit for bit (a prompt's answer must not depend on what arrived with it), for the shipped GGUF model
-in its stored types and requantized, and for tiny random models (grouped-query Llama; Gemma 2 with a
-sliding window, logit caps and a second rotary table; a GGUF of many stored types)."""
+in its stored types and requantized, and for a tiny random model of every family (grouped-query Llama;
+Gemma 2 and 3 with sliding windows, logit caps and a second rotary table; Qwen3's q/k norms; Phi-3's
+partial rotation...) and a GGUF of many stored types."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 from llm.test_batch_decode import _prompts
 from llm.test_gguf_stored import _tiny_gguf
-from llm.test_parity import _tiny
+from llm.test_parity import FAMILIES, _tiny
 from torchburn_native.transformer import PROMPT_KERNEL_MIN_TOKENS
 
 from torchburn_llm import LLM
@@ -66,8 +67,10 @@ def test_shipped_model_prompts_together_match_prompts_alone(smollm2_path: Path, 
     _check_batch_matches_alone(llm.model, seed=4)
 
 
-@pytest.mark.parametrize("quant", ["int8", "int4"])
-@pytest.mark.parametrize("family", ["llama", "gemma2"])
+@pytest.mark.parametrize(
+    ("family", "quant"),
+    [("llama", "int4"), ("gemma2", "int4"), *((family, "int8") for family in sorted(FAMILIES))],
+)
 def test_tiny_models_prompts_together_match_prompts_alone(tmp_path: Path, family: str, quant: str) -> None:
     _, folder = _tiny(tmp_path, family, intermediate_size=96)  # quantized rows are whole blocks of 32
     _check_batch_matches_alone(LLM.from_pretrained(folder, quant=quant).model, seed=5)
