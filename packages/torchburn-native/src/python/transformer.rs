@@ -376,26 +376,15 @@ impl Decoder {
             }
         }
         self.check_distinct_caches(&keys, &values, &capacities)?;
-        // sequence i's rows of the tables and the logits (addresses of 0 stay 0: "none")
-        let row = |base: usize, i: usize, len: usize| {
-            if base == 0 {
-                0
-            } else {
-                base + i * len * std::mem::size_of::<f32>()
-            }
-        };
-        let rd = d.rotary_dim;
-        let ios = (0..b)
-            .map(|i| {
-                IoAddresses::new(
-                    keys[i],
-                    values[i],
-                    capacities[i],
-                    [cos, sin, local_cos, local_sin].map(|t| row(t, i, rd)),
-                    row(logits, i, d.vocab),
-                )
-            })
-            .collect::<PyResult<Vec<_>>>()?;
+        // sequence i's row of the tables is row i
+        let ios = self.batch_ios(
+            &keys,
+            &values,
+            &capacities,
+            [cos, sin, local_cos, local_sin],
+            logits,
+            0..b,
+        )?;
         // SAFETY: as in `step`, for every sequence; their caches are distinct (checked above) and
         // their rows of the tables and logits are distinct rows of the caller's buffers
         py.detach(move || unsafe {
@@ -507,27 +496,20 @@ impl Decoder {
             }
         }
         self.check_distinct_caches(&keys, &values, &capacities)?;
-        // prompt i's rows of the tables (after the earlier prompts') and of the logits
-        let row = |base: usize, first: usize, len: usize| {
-            if base == 0 {
-                0
-            } else {
-                base + first * len * std::mem::size_of::<f32>()
-            }
-        };
-        let rd = d.rotary_dim;
-        let mut first = 0;
-        let mut ios = Vec::with_capacity(n);
-        for (i, tokens) in prompts.iter().enumerate() {
-            ios.push(IoAddresses::new(
-                keys[i],
-                values[i],
-                capacities[i],
-                [cos, sin, local_cos, local_sin].map(|t| row(t, first, rd)),
-                row(logits, i, d.vocab),
-            )?);
-            first += tokens.len();
-        }
+        // prompt i's rows of the tables come after the earlier prompts'
+        let firsts = prompts.iter().scan(0, |row, tokens| {
+            let first = *row;
+            *row += tokens.len();
+            Some(first)
+        });
+        let ios = self.batch_ios(
+            &keys,
+            &values,
+            &capacities,
+            [cos, sin, local_cos, local_sin],
+            logits,
+            firsts,
+        )?;
         // SAFETY: as in `prefill`, for every prompt; their caches are distinct (checked above) and
         // their rows of the tables and logits are distinct rows of the caller's buffers
         py.detach(move || unsafe {
@@ -553,6 +535,39 @@ impl Decoder {
 }
 
 impl Decoder {
+    /// Each sequence's buffers of a batched call: its cache, its rows of the rotary tables (from
+    /// `first_rows[i]` on) and its row `i` of the logits (table addresses of 0 stay 0: "none").
+    fn batch_ios(
+        &self,
+        keys: &[usize],
+        values: &[usize],
+        capacities: &[usize],
+        tables: [usize; 4],
+        logits: usize,
+        first_rows: impl Iterator<Item = usize>,
+    ) -> PyResult<Vec<IoAddresses>> {
+        let d = self.inner.dims;
+        let row = |base: usize, first: usize, len: usize| {
+            if base == 0 {
+                0
+            } else {
+                base + first * len * std::mem::size_of::<f32>()
+            }
+        };
+        first_rows
+            .enumerate()
+            .map(|(i, first)| {
+                IoAddresses::new(
+                    keys[i],
+                    values[i],
+                    capacities[i],
+                    tables.map(|t| row(t, first, d.rotary_dim)),
+                    row(logits, i, d.vocab),
+                )
+            })
+            .collect()
+    }
+
     /// Refuses KV caches that share memory: each sequence of a batch writes its own, and one whose
     /// keys or values another sequence also uses would be overwritten by it mid-step.
     fn check_distinct_caches(
