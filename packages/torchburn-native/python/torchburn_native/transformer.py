@@ -62,6 +62,14 @@ def _cpu_tensor(t: torch.Tensor, what: str) -> None:
         raise ValueError(f"{what} must be a CPU tensor, got one on {t.device}")
 
 
+def _no_negatives(*named: tuple[str, Sequence[int]]) -> None:
+    """Refuses a negative token id, position or start (the native side takes them unsigned)."""
+    for what, numbers in named:
+        bad = next((v for v in numbers if v < 0), None)
+        if bad is not None:
+            raise IndexError(f"a {what} must not be negative, got {bad}")
+
+
 def quantize(weight: torch.Tensor, kind: QuantKind) -> QMatrix:
     """``weight`` [n, k] (any float dtype, k a multiple of 32) quantized as ``kind``."""
     _cpu_tensor(weight, "the weight")
@@ -253,33 +261,11 @@ class Decoder:
         sequences, and each gets the logits :meth:`step` would give it. Every sequence needs a cache of
         its own."""
         b = len(tokens)
-        if b == 0:
-            raise ValueError("step_batch needs at least one sequence")
-        if not len(positions) == len(keys) == len(values) == b:
-            raise ValueError(
-                f"step_batch got {b} tokens, {len(positions)} positions, {len(keys)} key caches and "
-                f"{len(values)} value caches: it needs one of each per sequence"
-            )
-        for what, numbers in (("token id", tokens), ("position", positions)):
-            bad = next((v for v in numbers if v < 0), None)
-            if bad is not None:
-                raise IndexError(f"a {what} must not be negative, got {bad}")
-        capacities = [self._cache(k, v) for k, v in zip(keys, values, strict=True)]
-        cos_at, sin_at, local_cos_at, local_sin_at = self._tables((cos, sin, local_cos, local_sin), b)
-        out = self._logits(logits, b)
+        self._check_batch("step_batch", ("tokens", tokens), ("positions", positions), keys, values, "sequence")
+        _no_negatives(("token id", tokens), ("position", positions))
+        io = self._batch_buffers(keys, values, (cos, sin, local_cos, local_sin), logits, b, b)
         # token ids, positions and distinct caches: the native side checks them, naming the sequence
-        self._native.step_batch(
-            [int(t) for t in tokens],
-            [int(p) for p in positions],
-            [k.data_ptr() for k in keys],
-            [v.data_ptr() for v in values],
-            capacities,
-            cos_at,
-            sin_at,
-            out,
-            local_cos_at,
-            local_sin_at,
-        )
+        self._native.step_batch([int(t) for t in tokens], [int(p) for p in positions], *io)
 
     def prefill(
         self,
@@ -319,36 +305,13 @@ class Decoder:
         the other, f32 [ΣT, rotary width]; row ``i`` of ``logits`` (f32 [P, vocab]) gets prompt ``i``'s
         last logits. The weights are read once for all the prompts; one of at least 8 tokens gets
         what :meth:`prefill` gives it alone, bit for bit. Every prompt needs a cache of its own."""
-        p = len(prompts)
-        if p == 0:
-            raise ValueError("prefill_batch needs at least one prompt")
-        if not len(starts) == len(keys) == len(values) == p:
-            raise ValueError(
-                f"prefill_batch got {p} prompts, {len(starts)} starts, {len(keys)} key caches and "
-                f"{len(values)} value caches: it needs one of each per prompt"
-            )
+        self._check_batch("prefill_batch", ("prompts", prompts), ("starts", starts), keys, values, "prompt")
         ids = [[int(t) for t in prompt] for prompt in prompts]
-        for what, numbers in (("token id", [t for prompt in ids for t in prompt]), ("start", starts)):
-            bad = next((v for v in numbers if v < 0), None)
-            if bad is not None:
-                raise IndexError(f"a {what} must not be negative, got {bad}")
-        capacities = [self._cache(k, v) for k, v in zip(keys, values, strict=True)]
+        _no_negatives(("token id", [t for prompt in ids for t in prompt]), ("start", starts))
         rows = sum(len(prompt) for prompt in ids)
-        cos_at, sin_at, local_cos_at, local_sin_at = self._tables((cos, sin, local_cos, local_sin), rows)
-        out = self._logits(logits, p)
+        io = self._batch_buffers(keys, values, (cos, sin, local_cos, local_sin), logits, rows, len(prompts))
         # token ids, room in each cache and distinct caches: the native side checks them, naming the prompt
-        self._native.prefill_batch(
-            ids,
-            [int(s) for s in starts],
-            [k.data_ptr() for k in keys],
-            [v.data_ptr() for v in values],
-            capacities,
-            cos_at,
-            sin_at,
-            out,
-            local_cos_at,
-            local_sin_at,
-        )
+        self._native.prefill_batch(ids, [int(s) for s in starts], *io)
 
     def _address(self, t: torch.Tensor | None, numel: int, what: str) -> int:
         """The address of ``t`` as contiguous f32 (0 for None), the tensor behind it kept alive."""
@@ -389,6 +352,44 @@ class Decoder:
         cos, sin, local_cos, local_sin = self._tables(tables, rows)
         out = self._logits(logits, logit_rows)
         return (keys.data_ptr(), values.data_ptr(), capacity, cos, sin, out, local_cos, local_sin)
+
+    @staticmethod
+    def _check_batch(
+        call: str,
+        items: tuple[str, Sequence[object]],
+        places: tuple[str, Sequence[object]],
+        keys: Sequence[torch.Tensor],
+        values: Sequence[torch.Tensor],
+        each: str,
+    ) -> None:
+        """A batched call's per-sequence lists: at least one ``items``, and as many ``places``, key
+        caches and value caches."""
+        (name, first), (place_name, place) = items, places
+        n = len(first)
+        if n == 0:
+            raise ValueError(f"{call} needs at least one {each}")
+        if not len(place) == len(keys) == len(values) == n:
+            raise ValueError(
+                f"{call} got {n} {name}, {len(place)} {place_name}, {len(keys)} key caches and "
+                f"{len(values)} value caches: it needs one of each per {each}"
+            )
+
+    def _batch_buffers(
+        self,
+        keys: Sequence[torch.Tensor],
+        values: Sequence[torch.Tensor],
+        tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None],
+        logits: torch.Tensor,
+        rows: int,
+        logit_rows: int,
+    ) -> tuple[list[int], list[int], list[int], int, int, int, int, int]:
+        """``(keys, values, capacities, cos, sin, logits, local_cos, local_sin)`` of a batched call as
+        the native side takes them, each buffer checked as :meth:`_buffers` checks one sequence's."""
+        capacities = [self._cache(k, v) for k, v in zip(keys, values, strict=True)]
+        cos, sin, local_cos, local_sin = self._tables(tables, rows)
+        out = self._logits(logits, logit_rows)
+        key_at, value_at = [k.data_ptr() for k in keys], [v.data_ptr() for v in values]
+        return (key_at, value_at, capacities, cos, sin, out, local_cos, local_sin)
 
     def _cache(self, keys: torch.Tensor, values: torch.Tensor) -> int:
         """The capacity of the KV cache ``keys`` / ``values``, checked to be contiguous f32 CPU tensors

@@ -344,19 +344,17 @@ impl Decoder {
     ) -> PyResult<()> {
         let d = self.inner.dims;
         let b = tokens.len();
-        if b == 0 {
-            return Err(PyValueError::new_err(
-                "step_batch needs at least one sequence",
-            ));
-        }
-        let lengths = [positions.len(), keys.len(), values.len(), capacities.len()];
-        if lengths.iter().any(|&n| n != b) {
-            return Err(PyValueError::new_err(format!(
-                "step_batch got {b} tokens, {} positions, {} key caches, {} value caches and {} \
-                 capacities: it needs one of each per sequence",
-                lengths[0], lengths[1], lengths[2], lengths[3]
-            )));
-        }
+        one_of_each(
+            "step_batch",
+            "sequence",
+            [
+                (b, "tokens"),
+                (positions.len(), "positions"),
+                (keys.len(), "key caches"),
+                (values.len(), "value caches"),
+                (capacities.len(), "capacities"),
+            ],
+        )?;
         for (i, (&token, (&pos, &capacity))) in tokens
             .iter()
             .zip(positions.iter().zip(&capacities))
@@ -460,20 +458,17 @@ impl Decoder {
         local_sin: usize,
     ) -> PyResult<()> {
         let d = self.inner.dims;
-        let n = prompts.len();
-        if n == 0 {
-            return Err(PyValueError::new_err(
-                "prefill_batch needs at least one prompt",
-            ));
-        }
-        let lengths = [starts.len(), keys.len(), values.len(), capacities.len()];
-        if lengths.iter().any(|&m| m != n) {
-            return Err(PyValueError::new_err(format!(
-                "prefill_batch got {n} prompts, {} starts, {} key caches, {} value caches and {} \
-                 capacities: it needs one of each per prompt",
-                lengths[0], lengths[1], lengths[2], lengths[3]
-            )));
-        }
+        one_of_each(
+            "prefill_batch",
+            "prompt",
+            [
+                (prompts.len(), "prompts"),
+                (starts.len(), "starts"),
+                (keys.len(), "key caches"),
+                (values.len(), "value caches"),
+                (capacities.len(), "capacities"),
+            ],
+        )?;
         for (i, (tokens, (&start, &capacity))) in prompts
             .iter()
             .zip(starts.iter().zip(&capacities))
@@ -606,6 +601,28 @@ impl Decoder {
         }
         Ok(())
     }
+}
+
+/// A batched call's per-sequence lists: at least one of the first, and as many of every other.
+fn one_of_each(call: &str, each: &str, counts: [(usize, &str); 5]) -> PyResult<()> {
+    let n = counts[0].0;
+    if n == 0 {
+        return Err(PyValueError::new_err(format!(
+            "{call} needs at least one {each}"
+        )));
+    }
+    if counts.iter().all(|&(m, _)| m == n) {
+        return Ok(());
+    }
+    let listed: Vec<String> = counts
+        .iter()
+        .map(|(m, name)| format!("{m} {name}"))
+        .collect();
+    let (last, rest) = listed.split_last().expect("five counts");
+    Err(PyValueError::new_err(format!(
+        "{call} got {} and {last}: it needs one of each per {each}",
+        rest.join(", ")
+    )))
 }
 
 /// `outs[i][rows, n_i] = x[rows, k] @ W_i.T` for matrices of one width `k`: the tokens are read once

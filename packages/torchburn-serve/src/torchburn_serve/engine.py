@@ -299,17 +299,22 @@ class Engine:
 
     def _available_prefix(self, prompt: Sequence[int], capacity: int) -> int:
         """How long a prefix of ``prompt`` the running sequences and idle caches hold."""
-        running = max((common_prefix(seq.ids, prompt) for seq in self._active), default=0)
-        return max(running, self._prefixes.longest(prompt, capacity))
+        return max(self._running_donor(prompt)[1], self._prefixes.longest(prompt, capacity))
 
-    def _cache_for(self, prompt: Sequence[int], capacity: int) -> tuple[KVCache, int]:
-        """A cache of ``capacity`` positions holding as long a prefix of ``prompt`` as any cache has:
-        an idle one taken over, or a running sequence's prefix copied."""
+    def _running_donor(self, prompt: Sequence[int]) -> tuple[_Sequence | None, int]:
+        """The running sequence sharing the longest prefix with ``prompt`` (None: none shares any),
+        and that length."""
         donor, shared = None, 0
         for seq in self._active:
             n = common_prefix(seq.ids, prompt)
             if n > shared:
                 donor, shared = seq, n
+        return donor, shared
+
+    def _cache_for(self, prompt: Sequence[int], capacity: int) -> tuple[KVCache, int]:
+        """A cache of ``capacity`` positions holding as long a prefix of ``prompt`` as any cache has:
+        an idle one taken over, or a running sequence's prefix copied."""
+        donor, shared = self._running_donor(prompt)
         taken = self._prefixes.take(prompt, capacity, longer_than=shared)
         if taken is not None:
             return taken

@@ -49,25 +49,28 @@ class PrefixCache:
 
     def longest(self, prompt: Sequence[int], capacity: int) -> int:
         """How long a prefix of ``prompt`` :meth:`take` would give (0: none), taking nothing."""
-        return max(
-            (common_prefix(ids, prompt) for ids, cache in self._entries.values() if cache.capacity >= capacity),
-            default=0,
-        )
+        return self._best(prompt, capacity, 0)[1]
 
     def take(self, prompt: Sequence[int], capacity: int, longer_than: int = 0) -> tuple[KVCache, int] | None:
         """The idle cache of at least ``capacity`` positions holding the longest prefix of ``prompt``,
         truncated to that prefix, and its length; None where none shares more than ``longer_than``
         tokens."""
-        best, best_len = None, longer_than
-        for key, (ids, cache) in self._entries.items():
-            n = common_prefix(ids, prompt)
-            if n > best_len and cache.capacity >= capacity:
-                best, best_len = key, n
+        best, best_len = self._best(prompt, capacity, longer_than)
         if best is None:
             return None
         _, cache = self._entries.pop(best)
         cache.reset(best_len)
         return cache, best_len
+
+    def _best(self, prompt: Sequence[int], capacity: int, longer_than: int) -> tuple[int | None, int]:
+        """The key of the entry of at least ``capacity`` positions sharing the longest prefix with
+        ``prompt`` (None where none shares more than ``longer_than`` tokens), and that length."""
+        best, best_len = None, longer_than
+        for key, (ids, cache) in self._entries.items():
+            n = common_prefix(ids, prompt)
+            if n > best_len and cache.capacity >= capacity:
+                best, best_len = key, n
+        return best, best_len
 
     def clear(self) -> None:
         self._entries.clear()
