@@ -32,6 +32,16 @@ pub fn weights_ahead<T>(p: *const T, lines: usize) {
     }
 }
 
+/// Prefetches the `bytes` (rounded up to whole lines) from `p` on, for reading: a row that a kernel
+/// reads a little later, asked for one row at a time between its products.
+#[inline(always)]
+pub fn row_ahead<T>(p: *const T, bytes: usize) {
+    let at = p.cast::<i8>();
+    for l in 0..bytes.div_ceil(LINE_BYTES) {
+        line_ahead::<false>(at.wrapping_add(l * LINE_BYTES))
+    }
+}
+
 /// Prefetches the line `DISTANCE_BYTES` past `p` for writing (in exclusive state where the CPU can).
 #[inline(always)]
 pub fn write_ahead<T>(p: *const T) {

@@ -13,9 +13,14 @@ use torchburn_native_macros::isa_versions;
 use super::decoder::{dot16, soft_cap, Dims};
 use crate::kernels::lanes::{max16, sum16};
 use crate::kernels::math::exp_f32;
+use crate::kernels::prefetch::row_ahead;
 
 /// Heads × cached positions below which a step's attention stays on the calling thread.
 pub(super) const PARALLEL_ATTENTION_MIN: usize = 512;
+
+/// How many cache rows ahead of the one being read the attention loops prefetch (2 KiB for heads of
+/// 64 floats).
+const ROWS_AHEAD: usize = 8;
 
 /// How attention scores are made from `q·k`: scaled, then capped if the family caps them.
 #[derive(Clone, Copy)]
@@ -74,6 +79,10 @@ pub(super) fn attend_heads(
         return;
     }
     let simd = avx512_rows(hd);
+    // the first rows, which the loops' own prefetches (some rows ahead) do not ask for
+    let first = ROWS_AHEAD.min(n) * hd * 4;
+    row_ahead(keys.as_ptr(), first);
+    row_ahead(values.as_ptr(), first);
     if simd {
         // SAFETY: `avx512_rows` checked the CPU; the lengths are checked above
         #[cfg(target_arch = "x86_64")]
@@ -152,13 +161,23 @@ unsafe fn scores_avx512(qs: &[f32], keys: &[f32], hd: usize, scale: f32, scores:
     // where lane i of the tree's last step holds key 4 · (i % 4) + i / 4
     let order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
     let vscale = _mm512_set1_ps(scale);
-    for (q, row) in qs.chunks_exact(hd).zip(scores.chunks_exact_mut(n)) {
+    for (h, (q, row)) in qs
+        .chunks_exact(hd)
+        .zip(scores.chunks_exact_mut(n))
+        .enumerate()
+    {
         let q = q.as_ptr();
         for j0 in (0..whole).step_by(16) {
             let mut acc = [_mm512_setzero_ps(); 16];
             for c in (0..hd).step_by(16) {
                 let qc = _mm512_loadu_ps(q.add(c));
                 for (i, a) in acc.iter_mut().enumerate() {
+                    if h == 0 && c == 0 {
+                        // the first head brings the keys in for the group (the others find them in
+                        // L1); a step's cache rows are cold, and short for the L2 streamer
+                        row_ahead(kp.wrapping_add((j0 + i + ROWS_AHEAD) * hd), hd * 4);
+                        // a row: hd f32
+                    }
                     let k = _mm512_loadu_ps(kp.add((j0 + i) * hd + c));
                     *a = _mm512_add_ps(*a, _mm512_mul_ps(qc, k));
                 }
@@ -260,6 +279,9 @@ unsafe fn weighted_tile<const H: usize, const C: usize>(
     let p = probs.as_ptr().add(h0 * n);
     let mut acc = [[_mm512_setzero_ps(); C]; H];
     for j in 0..n {
+        if h0 == 0 && c0 == 0 {
+            row_ahead(values.as_ptr().wrapping_add((j + ROWS_AHEAD) * hd), 4 * hd);
+        }
         let v = values.as_ptr().add(j * hd + c0);
         let mut row = [_mm512_setzero_ps(); C];
         for (c, r) in row.iter_mut().enumerate() {

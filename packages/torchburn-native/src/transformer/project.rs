@@ -79,9 +79,16 @@ pub(super) unsafe fn project_tokens_to(
     });
     // and in each form the GGUF-typed ones take
     let ggml: [Option<ggml_acts::TokenActs>; 4] = ggml_acts::ActForm::ALL.map(|f| {
-        ps.iter()
-            .any(|p| matches!(&p.w, Weight::Ggml(m) if ggml_acts::act_form(m.kind) == f))
-            .then(|| ggml_acts::TokenActs::quantize(f, x, tokens))
+        // whether each projection taking this form reads the tokens in pairs
+        let pairs: Vec<bool> = ps
+            .iter()
+            .filter_map(|p| match &p.w {
+                Weight::Ggml(m) if ggml_acts::act_form(m.kind) == f => Some(m.reads_pairs()),
+                _ => None,
+            })
+            .collect();
+        (!pairs.is_empty())
+            .then(|| ggml_acts::TokenActs::quantize_rows(f, x, tokens, pairs.contains(&true)))
     });
     let acts: [Vec<&QActs>; 3] = std::array::from_fn(|i| acts[i].iter().collect());
     let total: usize = ps.iter().map(|p| p.n()).sum();

@@ -235,13 +235,19 @@ impl PairedGroup {
 }
 
 impl TokenActs {
-    /// The `tokens` rows of `x` (`[T, k]`) in `form`.
+    /// The `tokens` rows of `x` (`[T, k]`) in `form`, also in pairs where the form has them.
     pub fn quantize(form: ActForm, x: &[f32], tokens: usize) -> TokenActs {
+        Self::quantize_rows(form, x, tokens, true)
+    }
+
+    /// [`TokenActs::quantize`], with the pairs only if `paired` (some product will read them: see
+    /// [`super::GgmlMatrix::reads_pairs`]); a step's few rows cost less than arranging them.
+    pub fn quantize_rows(form: ActForm, x: &[f32], tokens: usize, paired: bool) -> TokenActs {
         let k = x.len().checked_div(tokens).unwrap_or(0);
         let rows: Vec<Acts> = (0..tokens)
             .map(|t| quantize(form, &x[t * k..][..k]))
             .collect();
-        let paired = matches!(form, ActForm::Int8x32 | ActForm::Int16x32) && tokens > 1;
+        let paired = paired && matches!(form, ActForm::Int8x32 | ActForm::Int16x32) && tokens > 1;
         let groups = if paired {
             (0..tokens)
                 .step_by(GROUP_TOKENS)

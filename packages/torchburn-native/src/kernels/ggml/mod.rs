@@ -201,6 +201,19 @@ impl GgmlMatrix {
     }
 
     /// Whether the weights are regrouped (see [`GgmlMatrix::interleaved_for_this_cpu`]).
+    /// Whether products of several tokens with this matrix read them in pairs
+    /// ([`acts::PairedGroup`]): the stored rows of the types the pair kernels take, from AVX2 up.
+    pub fn reads_pairs(&self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            !self.is_interleaved() && crate::isa::avx2() && dot_tokens::takes(self.kind)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
     pub fn is_interleaved(&self) -> bool {
         matches!(self.storage, Storage::Interleaved(_))
     }
@@ -337,7 +350,8 @@ impl GgmlMatrix {
             // many tokens against the same rows: dequantized rows times f32 tokens (see `qprefill`)
             return super::qprefill::matmul_sources(&[self], x, tokens, &mut [out]);
         }
-        let quantized = acts::TokenActs::quantize(acts::act_form(self.kind), x, tokens);
+        let form = acts::act_form(self.kind);
+        let quantized = acts::TokenActs::quantize_rows(form, x, tokens, self.reads_pairs());
         par_rows_tokens(n, self.row_bytes(), tokens, out, |rows, got| {
             self.rows_tokens_into(rows, &quantized, got)
         });
