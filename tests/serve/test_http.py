@@ -136,6 +136,44 @@ def test_malformed_requests_get_openai_errors(server: ServerProcess, body: bytes
     assert "Traceback" not in r.text
 
 
+def test_tokenize_and_detokenize_are_the_models_tokenizer(server: ServerProcess, llm: LLM) -> None:
+    """llama-server's /tokenize and /detokenize, checked against the tokenizer in this process."""
+    text = "Hello wörld: naïve café, 東京 🙂"
+    ids = llm.encode(text)
+    r = httpx.post(server.url + "/tokenize", json={"content": text}, timeout=30)
+    assert r.status_code == 200 and r.json() == {"tokens": ids}
+    special = httpx.post(server.url + "/tokenize", json={"content": text, "add_special": True}, timeout=30)
+    assert special.json()["tokens"] == llm.prompt_ids(text)
+    pieces = httpx.post(server.url + "/tokenize", json={"content": "Hello world", "with_pieces": True}, timeout=30)
+    want = llm.encode("Hello world")
+    assert [p["id"] for p in pieces.json()["tokens"]] == want
+    assert "".join(p["piece"] for p in pieces.json()["tokens"]) == "Hello world"
+    back = httpx.post(server.url + "/detokenize", json={"tokens": ids}, timeout=30)
+    assert back.status_code == 200 and back.json() == {"content": text}
+    chat = llm.encode(llm.apply_chat_template(QUESTION))  # special tokens come back as their text
+    assert httpx.post(server.url + "/detokenize", json={"tokens": chat}, timeout=30).json()["content"] == (
+        llm.tokenizer.decode(chat, skip_special_tokens=False)
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/detokenize", {"tokens": [1, -1]}, "tokens"),
+        ("/detokenize", {"tokens": [49152]}, "tokens"),
+        ("/detokenize", {"tokens": "abc"}, "tokens"),
+        ("/tokenize", {"content": ["not", "text"]}, "content"),
+        ("/tokenize", {}, "content"),
+    ],
+)
+def test_tokenize_routes_refuse_bad_input(
+    server: ServerProcess, path: str, body: dict[str, object], param: str
+) -> None:
+    r = httpx.post(server.url + path, json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and "Traceback" not in r.text
+
+
 def test_unknown_route_and_method_are_openai_errors(server: ServerProcess) -> None:
     r = httpx.get(server.url + "/v1/nothing", timeout=10)
     assert r.status_code == 404 and "error" in r.json()
@@ -181,7 +219,9 @@ def test_limits(start_server) -> None:  # type: ignore[no-untyped-def]
 def test_api_key_guards_every_route(start_server) -> None:  # type: ignore[no-untyped-def]
     guarded = start_server("--api-key", "k3y")
     routes = [("GET", "/"), ("GET", "/health"), ("GET", "/v1/models"), ("GET", "/static/chat.js"),
-              ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/v1/embeddings")]  # fmt: skip
+              ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/v1/embeddings"),
+              ("POST", "/chat/completions"), ("GET", "/models"), ("POST", "/tokenize"),
+              ("POST", "/detokenize")]  # fmt: skip
     for method, path in routes:
         for headers in ({}, {"authorization": "Bearer nope"}, {"authorization": "k3y"}):
             r = httpx.request(method, guarded.url + path, headers=headers, json={}, timeout=10)

@@ -274,6 +274,22 @@ def test_named_tool_choice_and_the_result_turn(server: ServerProcess) -> None:
     assert follow.choices[0].finish_reason in ("stop", "tool_calls", "length")
 
 
+def test_a_base_url_without_v1_works_as_with_it(server: ServerProcess, llm: LLM) -> None:
+    """llama-server answers its OpenAI routes without the ``/v1`` prefix too; clients configured that
+    way get the same answers."""
+    bare = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+    assert [m.id for m in bare.models.list().data] == ["SmolLM2-135M-Instruct"]
+    reply = bare.chat.completions.create(model="m", messages=QUESTION, max_tokens=12, temperature=0)
+    assert reply.choices[0].message.content == llm.chat_completion(QUESTION, max_new_tokens=12, temperature=0)
+    text = bare.completions.create(model="m", prompt="The capital of France is", max_tokens=6, temperature=0)
+    versioned = client(server).completions.create(
+        model="m", prompt="The capital of France is", max_tokens=6, temperature=0
+    )
+    assert text.choices[0].text == versioned.choices[0].text
+    vector = bare.embeddings.create(model="m", input="The cat sat on the mat.").data[0].embedding
+    assert vector == client(server).embeddings.create(model="m", input="The cat sat on the mat.").data[0].embedding
+
+
 def test_embeddings_are_pooled_hidden_states(server: ServerProcess, llm: LLM) -> None:
     texts = ["The cat sat on the mat.", "Paris is the capital of France."]
     reply = client(server).embeddings.create(model="m", input=texts)

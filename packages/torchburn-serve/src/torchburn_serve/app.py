@@ -1,5 +1,7 @@
 """The HTTP routes: OpenAI's chat and text completions (whole or streamed as server-sent events),
-embeddings and models, ``/health``, and the chat page at ``/``.
+embeddings and models, ``/health``, llama-server's ``/tokenize`` and ``/detokenize``, and the chat page
+at ``/``. The OpenAI routes also answer without their ``/v1`` prefix, as llama-server's do (a client
+whose base URL lacks it still works).
 
 Each generation is a job for the :class:`~torchburn_serve.engine.Engine`; its deltas come back on the
 event loop and are written out as they arrive. A client that goes away cancels its job (a stream's
@@ -33,7 +35,7 @@ from .errors import APIError, bad_request, error_body
 from .guard import Guard
 from .jobs import JobMaker
 from .limits import Limits
-from .protocol import ChatRequest, CompletionRequest, EmbeddingRequest, parse
+from .protocol import ChatRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, TokenizeRequest, parse
 
 Made = TypeVar("Made")  # what a request's job is built with (the job and what its answer needs)
 log = logging.getLogger("torchburn.serve")
@@ -124,16 +126,19 @@ def create_app(llm: LLM, model_id: str, limits: Limits | None = None, api_key: s
         }
 
     @app.get("/v1/models")
+    @app.get("/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [_model_card(server)]}
 
     @app.get("/v1/models/{model_id:path}")
+    @app.get("/models/{model_id:path}")
     async def model(model_id: str) -> dict[str, Any]:
         if model_id != server.model_id:
             raise APIError(404, f"model {model_id!r} is not served here; this server serves {server.model_id!r}")
         return _model_card(server)
 
     @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
     async def chat_completions(request: Request) -> Response:
         req: ChatRequest = parse(await request.body(), ChatRequest)
         made, handle, release = await _submitted(server, lambda: server.jobs.chat(req), lambda m: m.job)
@@ -163,6 +168,7 @@ def create_app(llm: LLM, model_id: str, limits: Limits | None = None, api_key: s
         return JSONResponse({**answer.head("chat.completion"), "choices": [choice], "usage": answer.usage()})
 
     @app.post("/v1/completions")
+    @app.post("/completions")
     async def completions(request: Request) -> Response:
         req: CompletionRequest = parse(await request.body(), CompletionRequest)
         (_, prompt_text), handle, release = await _submitted(
@@ -189,6 +195,7 @@ def create_app(llm: LLM, model_id: str, limits: Limits | None = None, api_key: s
         return JSONResponse({**answer.head("text_completion"), "choices": [choice], "usage": answer.usage()})
 
     @app.post("/v1/embeddings")
+    @app.post("/embeddings")
     async def embeddings(request: Request) -> Response:
         req: EmbeddingRequest = parse(await request.body(), EmbeddingRequest)
         if req.dimensions is not None and req.dimensions != server.llm.config.hidden_size:
@@ -210,12 +217,51 @@ def create_app(llm: LLM, model_id: str, limits: Limits | None = None, api_key: s
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         return JSONResponse({"object": "list", "data": data, "model": server.model_id, "usage": usage})
 
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        req: TokenizeRequest = parse(await request.body(), TokenizeRequest)
+        ids = await asyncio.to_thread(_tokens_of, server.llm, req.content, req.add_special)
+        if not req.with_pieces:
+            return {"tokens": ids}
+        return {"tokens": [{"id": t, "piece": _piece(server.llm, t)} for t in ids]}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict[str, Any]:
+        req: DetokenizeRequest = parse(await request.body(), DetokenizeRequest)
+        vocab = server.llm.config.vocab_size
+        bad = next((i for i, t in enumerate(req.tokens) if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise bad_request(f"tokens[{bad}] is {req.tokens[bad]}; token ids lie in [0, {vocab})", "tokens")
+        tokenizer = _tokenizer(server.llm)
+        text = await asyncio.to_thread(tokenizer.decode, req.tokens, skip_special_tokens=False)
+        return {"content": str(text)}
+
     @app.get("/")
     async def page() -> Response:
         return FileResponse(str(STATIC / "index.html"), headers=_PAGE_HEADERS)
 
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
     return app
+
+
+def _tokenizer(llm: LLM) -> Any:
+    if llm.tokenizer is None:
+        raise bad_request("this model has no tokenizer (its folder has no tokenizer.json)")
+    return llm.tokenizer
+
+
+def _tokens_of(llm: LLM, text: str, add_special: bool) -> list[int]:
+    """``text``'s token ids (after the BOS the model expects where ``add_special``), or a 400."""
+    _tokenizer(llm)
+    try:
+        return llm.prompt_ids(text) if add_special else llm.encode(text)
+    except ValueError as exc:
+        raise bad_request(str(exc), "content") from None
+
+
+def _piece(llm: LLM, token: int) -> str:
+    """One token's text (a part of a character that several tokens share reads as U+FFFD)."""
+    return str(_tokenizer(llm).decode([token], skip_special_tokens=False))
 
 
 def _model_card(server: Server) -> dict[str, Any]:

@@ -199,6 +199,20 @@ class EmbeddingRequest(_Body):
     dimensions: int | None = Field(None, ge=1)
 
 
+class TokenizeRequest(_Body):
+    """llama-server's ``/tokenize``."""
+
+    content: str
+    add_special: bool = False  # the BOS the model expects, before the text's tokens
+    with_pieces: bool = False  # each token with its text
+
+
+class DetokenizeRequest(_Body):
+    """llama-server's ``/detokenize``."""
+
+    tokens: list[int]
+
+
 def parse(body: bytes, kind: type[_Body]) -> Any:
     """``body`` as a ``kind`` request, or the 400 that says what is wrong with it."""
     try:
