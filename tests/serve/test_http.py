@@ -221,7 +221,8 @@ def test_api_key_guards_every_route(start_server) -> None:  # type: ignore[no-un
     routes = [("GET", "/"), ("GET", "/health"), ("GET", "/v1/models"), ("GET", "/static/chat.js"),
               ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/v1/embeddings"),
               ("POST", "/chat/completions"), ("GET", "/models"), ("POST", "/tokenize"),
-              ("POST", "/detokenize")]  # fmt: skip
+              ("POST", "/detokenize"), ("POST", "/api/chat"), ("POST", "/api/generate"), ("GET", "/api/tags"),
+              ("POST", "/api/embed")]  # fmt: skip
     for method, path in routes:
         for headers in ({}, {"authorization": "Bearer nope"}, {"authorization": "k3y"}):
             r = httpx.request(method, guarded.url + path, headers=headers, json={}, timeout=10)

@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from torchburn_llm.llm import LLM
 
-from . import responses, tools
+from . import ollama, responses, tools
 from .engine import CANCELLED, Delta, Engine, Handle, Job
 from .errors import APIError, bad_request, error_body
 from .guard import Guard
@@ -203,12 +203,7 @@ def create_app(llm: LLM, model_id: str, limits: Limits | None = None, api_key: s
                 f"dimensions must be this model's hidden size, {server.llm.config.hidden_size}", "dimensions"
             )
         inputs = _embedding_inputs(server, req)
-        release = server.claim()
-        try:
-            future = server.engine.call(lambda: [_embed(server.llm, ids) for ids in inputs])
-            vectors: list[torch.Tensor] = await asyncio.wrap_future(future)
-        finally:
-            release()
+        vectors = await _embedded(server, inputs)
         data = [
             {"object": "embedding", "index": i, "embedding": _encoded(v, req.encoding_format)}
             for i, v in enumerate(vectors)
@@ -235,6 +230,12 @@ def create_app(llm: LLM, model_id: str, limits: Limits | None = None, api_key: s
         tokenizer = _tokenizer(server.llm)
         text = await asyncio.to_thread(tokenizer.decode, req.tokens, skip_special_tokens=False)
         return {"content": str(text)}
+
+    async def embed_texts(req: EmbeddingRequest) -> list[list[float]]:
+        vectors = await _embedded(server, _embedding_inputs(server, req))
+        return [v.tolist() for v in vectors]
+
+    ollama.add_routes(app, server, embed_texts)
 
     @app.get("/")
     async def page() -> Response:
@@ -446,6 +447,18 @@ def _embedding_inputs(server: Server, req: EmbeddingRequest) -> list[list[int]]:
         server.jobs.check_prompt(len(ids), "input")
         out.append(ids)
     return out
+
+
+async def _embedded(server: Server, inputs: list[list[int]]) -> list[torch.Tensor]:
+    """Each input's embedding, computed on the engine thread between two steps, under a claimed
+    place among the requests in flight."""
+    release = server.claim()
+    try:
+        future = server.engine.call(lambda: [_embed(server.llm, ids) for ids in inputs])
+        vectors: list[torch.Tensor] = await asyncio.wrap_future(future)
+        return vectors
+    finally:
+        release()
 
 
 def _embed(llm: LLM, ids: list[int]) -> torch.Tensor:

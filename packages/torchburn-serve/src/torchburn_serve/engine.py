@@ -17,6 +17,7 @@ import concurrent.futures
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -64,6 +65,7 @@ class Delta:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens whose keys and values came from an earlier request
+    made: float = field(default_factory=time.monotonic)  # when the engine produced it
 
 
 @dataclass

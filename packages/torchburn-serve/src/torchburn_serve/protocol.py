@@ -221,6 +221,11 @@ def parse(body: bytes, kind: type[_Body]) -> Any:
         raise bad_request(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise bad_request("the request body must be a JSON object")
+    return validated(raw, kind)
+
+
+def validated(raw: dict[str, Any], kind: type[_Body]) -> Any:
+    """``raw`` as a ``kind`` request, or the 400 that names the field at fault."""
     try:
         return kind.model_validate(raw)
     except ValidationError as exc:
