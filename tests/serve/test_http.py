@@ -124,6 +124,9 @@ def test_shared_prefix_is_reused(server: ServerProcess) -> None:
         (json.dumps({"messages": [{"role": "wizard", "content": "x"}]}).encode(), 400, "role"),
         (json.dumps({"messages": QUESTION, "stop": ["x"] * 40}).encode(), 400, "stop"),
         (json.dumps({"messages": QUESTION, "temperature": "hot"}).encode(), 400, "temperature"),
+        # nesting past Python's recursion limit, and past the server's own limit
+        (b"[" * 200_000, 400, "nests deeper"),
+        (b'{"messages": ' + b"[" * 80 + b"]" * 80 + b"}", 400, "nests deeper"),
     ],
 )
 def test_malformed_requests_get_openai_errors(server: ServerProcess, body: bytes, status: int, fragment: str) -> None:

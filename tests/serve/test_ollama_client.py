@@ -160,6 +160,7 @@ def test_embed_is_the_openai_routes_embedding(server: ServerProcess, llm: LLM) -
         ("/api/chat", {"model": "m", "messages": [{"role": "robot", "content": "hi"}]}, "role"),
         ("/api/generate", {"model": "m", "prompt": "x", "suffix": "y"}, "suffix"),
         ("/api/chat", {"model": "m", "messages": QUESTION, "options": {"num_predict": 100000}}, "max_tokens"),
+        ("/api/chat", {"model": "m", "messages": QUESTION, "format": {"a": json.loads("[" * 70 + "]" * 70)}}, "nests"),
     ],
 )
 def test_bad_requests_are_ollama_errors(

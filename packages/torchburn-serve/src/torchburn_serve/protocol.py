@@ -4,11 +4,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from . import json_text
 from .errors import APIError, bad_request
 
 MAX_STOP_LENGTH = 256
@@ -171,8 +171,8 @@ class ChatRequest(Sampling):
 def _arguments(arguments: str | dict[str, Any], as_object: bool) -> Any:
     if as_object and isinstance(arguments, str):
         try:
-            return json.loads(arguments)
-        except json.JSONDecodeError:
+            return json_text.loads(arguments)
+        except ValueError:
             return arguments
     return arguments
 
@@ -216,8 +216,8 @@ class DetokenizeRequest(_Body):
 def parse(body: bytes, kind: type[_Body]) -> Any:
     """``body`` as a ``kind`` request, or the 400 that says what is wrong with it."""
     try:
-        raw = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raw = json_text.loads(body)
+    except ValueError as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise bad_request("the request body must be a JSON object")

@@ -15,6 +15,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from . import json_text
 from .errors import bad_request
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -164,8 +165,8 @@ def generic_messages(messages: list[dict[str, Any]], tool_plan: ToolPlan) -> lis
 def _arguments_object(arguments: Any) -> Any:
     if isinstance(arguments, str):
         try:
-            return json.loads(arguments)
-        except json.JSONDecodeError:
+            return json_text.loads(arguments)
+        except ValueError:
             return arguments
     return arguments
 
@@ -175,8 +176,8 @@ def read_answer(text: str, tool_plan: ToolPlan) -> tuple[str | None, list[dict[s
     if tool_plan.native:
         return _read_native(text, tool_plan.tools)
     try:
-        answer = json.loads(text)
-    except json.JSONDecodeError:
+        answer = json_text.loads(text)
+    except ValueError:
         return text, []  # cut short by max_tokens: what there is, as text
     if isinstance(answer, dict) and isinstance(answer.get("tool_calls"), list):
         return None, [_call(c.get("name"), c.get("arguments")) for c in answer["tool_calls"] if isinstance(c, dict)]
@@ -201,8 +202,8 @@ def _read_native(text: str, tools: tuple[Tool, ...]) -> tuple[str | None, list[d
 
 def _json_call(text: str, names: set[str]) -> dict[str, Any] | None:
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
+        value = json_text.loads(text)
+    except ValueError:
         return None
     if not isinstance(value, dict) or value.get("name") not in names:
         return None
