@@ -1,5 +1,6 @@
 """The HTTP routes: OpenAI's chat and text completions (whole or streamed as server-sent events),
-embeddings and models, ``/health``, llama-server's ``/tokenize`` and ``/detokenize``, and the chat page
+its Responses API (:mod:`~torchburn_serve.openai_responses`), embeddings and models, Ollama's API
+(:mod:`~torchburn_serve.ollama`), ``/health``, llama-server's ``/tokenize`` and ``/detokenize``, and the chat page
 at ``/``. The OpenAI routes also answer without their ``/v1`` prefix, as llama-server's do (a client
 whose base URL lacks it still works).
 
@@ -29,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from torchburn_llm.llm import LLM
 
-from . import ollama, responses, tools
+from . import ollama, openai_responses, responses, tools
 from .engine import CANCELLED, Delta, Engine, Handle, Job
 from .errors import APIError, bad_request, error_body
 from .guard import Guard
@@ -236,6 +237,7 @@ def create_app(llm: LLM, model_id: str, limits: Limits | None = None, api_key: s
         return [v.tolist() for v in vectors]
 
     ollama.add_routes(app, server, embed_texts)
+    openai_responses.add_routes(app, server)
 
     @app.get("/")
     async def page() -> Response:

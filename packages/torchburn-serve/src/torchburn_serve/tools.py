@@ -92,11 +92,14 @@ def plan(tools: tuple[Tool, ...], choice: Any, template_knows_tools: bool) -> To
         named = tuple(t for t in tools if t.name == name)
         if not named:
             raise bad_request(f"tool_choice names {name!r}, which is not among the tools", "tool_choice")
-        return ToolPlan(named, False, _answer_schema(named, required=True), True)
+        return ToolPlan(named, False, _answer_schema(named, required=True, most=1), True)
     raise bad_request('tool_choice must be "none", "auto", "required" or a named function', "tool_choice")
 
 
-def _answer_schema(tools: tuple[Tool, ...], required: bool) -> dict[str, Any]:
+def _answer_schema(tools: tuple[Tool, ...], required: bool, most: int | None = None) -> dict[str, Any]:
+    """The JSON an answer under the generic tool format must be: ``{"tool_calls": [...]}`` (at most
+    ``most`` calls; a named ``tool_choice`` asks for one call of that function, and a small model
+    left free repeats it until ``max_tokens``), or where no call is required ``{"response": text}``."""
     call = {
         "anyOf": [
             {
@@ -110,7 +113,9 @@ def _answer_schema(tools: tuple[Tool, ...], required: bool) -> dict[str, Any]:
     }
     calls = {
         "type": "object",
-        "properties": {"tool_calls": {"type": "array", "items": call, "minItems": 1}},
+        "properties": {
+            "tool_calls": {"type": "array", "items": call, "minItems": 1, **({"maxItems": most} if most else {})}
+        },
         "required": ["tool_calls"],
         "additionalProperties": False,
     }
