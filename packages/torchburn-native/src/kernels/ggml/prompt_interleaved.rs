@@ -7,7 +7,7 @@
 //! decode kernels: a slice of a group's weights is decoded once, per element k one vector of its
 //! sixteen rows (the integer, exact as a float; times the block's scale; the Q4_1 offset added, each
 //! rounded once, as the row decoder does), into a buffer in L1; then each pass of up to sixteen
-//! tokens runs over the buffer, one fused multiply-add per element and token with the token's
+//! tokens (the prompt split into passes of even widths, see [`pass_widths`]) runs over the buffer, one fused multiply-add per element and token with the token's
 //! element broadcast, its sums carried from one slice to the next through the output as stored.
 //! Each (row, token) therefore takes the tiles' operations in the tiles' order, and a prompt gives
 //! the same bits here as on the tiles, at every length and level.
@@ -92,35 +92,40 @@ unsafe fn group_product(
     }
 }
 
-/// Passes of 16, 8, 4, 2 and 1 tokens, as many as `tokens` takes.
-macro_rules! passes {
-    ($tokens:expr, |$t0:ident, $width:ident| $pass:expr) => {{
-        let mut $t0 = 0;
-        while $t0 < $tokens {
-            let left = $tokens - $t0;
-            $t0 += if left >= 16 {
-                const $width: usize = 16;
-                $pass;
-                16
-            } else if left >= 8 {
-                const $width: usize = 8;
-                $pass;
-                8
-            } else if left >= 4 {
-                const $width: usize = 4;
-                $pass;
-                4
-            } else if left >= 2 {
-                const $width: usize = 2;
-                $pass;
-                2
-            } else {
-                const $width: usize = 1;
-                $pass;
-                1
-            };
+/// Most tokens a pass takes on AVX-512: their sums in sixteen registers, and their stretch of a slice
+/// (16 KiB) in L1 beside the decoded weights (16 KiB).
+const ZMM_PASS: usize = 16;
+/// On AVX2: twelve sums, the weights and a broadcast in its sixteen registers.
+const YMM_PASS: usize = 12;
+
+/// `(first token, width)` of the passes over `tokens` tokens: as few as `max` allows, of widths as
+/// even as they can be. Each token's sums are a chain of dependent multiply-adds, so a pass of one or
+/// two tokens waits on their latency and takes about as long as a pass of eight: nine tokens as one
+/// pass of nine cost little more than eight, and as eight and one nearly twice as much.
+fn pass_widths(tokens: usize, max: usize) -> impl Iterator<Item = (usize, usize)> {
+    let count = tokens.div_ceil(max);
+    let (base, extra) = (
+        tokens.checked_div(count).unwrap_or(0),
+        tokens.checked_rem(count).unwrap_or(0),
+    );
+    (0..count).scan(0, move |next, i| {
+        let (first, width) = (*next, base + usize::from(i < extra));
+        *next += width;
+        Some((first, width))
+    })
+}
+
+/// `$body` with `$W` a constant equal to `$width`, one of the literals listed.
+macro_rules! with_width {
+    ($width:expr, |$W:ident| $body:expr; $($n:literal)*) => {
+        match $width {
+            $($n => {
+                const $W: usize = $n;
+                $body
+            })*
+            other => unreachable!("a pass of {other} tokens"),
         }
-    }};
+    };
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl")]
@@ -148,13 +153,11 @@ unsafe fn group_zmm(
             k,
             first: k0 == 0,
         };
-        passes!(tokens, |t0, W| zmm_pass::<W>(
-            &slice,
-            t0,
-            out.add(t0 * ld),
-            ld,
-            mask
-        ));
+        for (t0, width) in pass_widths(tokens, ZMM_PASS) {
+            let out = out.add(t0 * ld);
+            with_width!(width, |W| zmm_pass::<W>(&slice, t0, out, ld, mask);
+                        1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16);
+        }
     }
 }
 
@@ -275,7 +278,7 @@ unsafe fn zmm_pass<const T: usize>(
 }
 
 /// The 4-bit types on AVX2: each half of the group (eight rows) decoded and run on its own, up to
-/// eight tokens a pass (sixteen registers).
+/// [`YMM_PASS`] tokens a pass.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn group_ymm(
@@ -314,14 +317,11 @@ unsafe fn group_ymm(
                 k,
                 first: k0 == 0,
             };
-            passes!(tokens, |t0, W| {
-                if W == 16 {
-                    ymm_pass::<8>(&slice, t0, out.add(t0 * ld), ld, rows);
-                    ymm_pass::<8>(&slice, t0 + 8, out.add((t0 + 8) * ld), ld, rows);
-                } else {
-                    ymm_pass::<W>(&slice, t0, out.add(t0 * ld), ld, rows);
-                }
-            });
+            for (t0, width) in pass_widths(tokens, YMM_PASS) {
+                let out = out.add(t0 * ld);
+                with_width!(width, |W| ymm_pass::<W>(&slice, t0, out, ld, rows);
+                            1 2 3 4 5 6 7 8 9 10 11 12);
+            }
         }
     }
 }
@@ -429,8 +429,20 @@ mod tests {
     use crate::kernels::qprefill::matmul_on;
     use crate::kernels::testing::centered;
 
-    /// Tokens on each side of every pass width, and a prompt of several sixteen-token passes.
-    const TOKENS: [usize; 10] = [1, 2, 3, 7, 8, 9, 16, 17, 31, 45];
+    /// Tokens on each side of the widest pass at both levels (12, 16), and prompts split into two and
+    /// three passes of even widths.
+    const TOKENS: [usize; 14] = [1, 2, 3, 7, 8, 9, 11, 12, 13, 16, 17, 25, 31, 45];
+
+    #[test]
+    fn passes_cover_the_tokens_in_even_widths() {
+        let plan = |tokens, max| pass_widths(tokens, max).collect::<Vec<_>>();
+        assert_eq!(plan(0, 16), vec![]);
+        assert_eq!(plan(9, 16), vec![(0, 9)]);
+        assert_eq!(plan(16, 16), vec![(0, 16)]);
+        assert_eq!(plan(17, 16), vec![(0, 9), (9, 8)]);
+        assert_eq!(plan(45, 16), vec![(0, 15), (15, 15), (30, 15)]);
+        assert_eq!(plan(25, 12), vec![(0, 9), (9, 8), (17, 8)]);
+    }
 
     #[test]
     fn prompts_equal_the_tiles_on_the_stored_rows_bit_for_bit() {
