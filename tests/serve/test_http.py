@@ -225,7 +225,8 @@ def test_api_key_guards_every_route(start_server) -> None:  # type: ignore[no-un
               ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/v1/embeddings"),
               ("POST", "/chat/completions"), ("GET", "/models"), ("POST", "/tokenize"),
               ("POST", "/detokenize"), ("POST", "/api/chat"), ("POST", "/api/generate"), ("GET", "/api/tags"),
-              ("POST", "/api/embed"), ("POST", "/v1/responses")]  # fmt: skip
+              ("POST", "/api/embed"), ("POST", "/v1/responses"), ("POST", "/completion"),
+              ("GET", "/props")]  # fmt: skip
     for method, path in routes:
         for headers in ({}, {"authorization": "Bearer nope"}, {"authorization": "k3y"}):
             r = httpx.request(method, guarded.url + path, headers=headers, json={}, timeout=10)

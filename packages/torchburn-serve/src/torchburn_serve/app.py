@@ -1,8 +1,9 @@
 """The HTTP routes: OpenAI's chat and text completions (whole or streamed as server-sent events),
 its Responses API (:mod:`~torchburn_serve.openai_responses`), embeddings and models, Ollama's API
-(:mod:`~torchburn_serve.ollama`), ``/health``, llama-server's ``/tokenize`` and ``/detokenize``, and the chat page
-at ``/``. The OpenAI routes also answer without their ``/v1`` prefix, as llama-server's do (a client
-whose base URL lacks it still works).
+(:mod:`~torchburn_serve.ollama`), ``/health``, llama-server's ``/completion`` and ``/props``
+(:mod:`~torchburn_serve.llama_server`), ``/tokenize`` and ``/detokenize``, and the chat page at ``/``. The OpenAI routes
+also answer without their ``/v1`` prefix, as llama-server's do (a client whose base URL lacks it
+still works).
 
 Each generation is a job for the :class:`~torchburn_serve.engine.Engine`; its deltas come back on the
 event loop and are written out as they arrive. A client that goes away cancels its job (a stream's
@@ -30,7 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from torchburn_llm.llm import LLM
 
-from . import ollama, openai_responses, responses, tools
+from . import llama_server, ollama, openai_responses, responses, tools
 from .engine import CANCELLED, Delta, Engine, Handle, Job
 from .errors import APIError, bad_request, error_body
 from .guard import Guard
@@ -238,6 +239,7 @@ def create_app(llm: LLM, model_id: str, limits: Limits | None = None, api_key: s
 
     ollama.add_routes(app, server, embed_texts)
     openai_responses.add_routes(app, server)
+    llama_server.add_routes(app, server)
 
     @app.get("/")
     async def page() -> Response:

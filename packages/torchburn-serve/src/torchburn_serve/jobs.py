@@ -81,8 +81,9 @@ class JobMaker:
 
     # --- text completions ----------------------------------------------------------------------
 
-    def completion(self, req: CompletionRequest) -> tuple[Job, str]:
-        """The job and the prompt's text (for ``echo``)."""
+    def completion(self, req: CompletionRequest, schema: dict[str, Any] | None = None) -> tuple[Job, str]:
+        """The job and the prompt's text (for ``echo``); the answer follows ``schema`` where one is given
+        (llama-server's ``/completion`` takes one)."""
         prompt = req.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             if len(prompt) != 1:
@@ -96,7 +97,8 @@ class JobMaker:
             if not ids or any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
                 raise bad_request(f"prompt token ids must be a non-empty list of ints in [0, {vocab})", "prompt")
             text = str(self.llm.tokenizer.decode(ids)) if self.llm.tokenizer is not None else ""
-        return self._job(req, ids, req.max_tokens, req.logprobs, None), text
+        constraint = None if schema is None else self._constraint(schema, "json_schema")
+        return self._job(req, ids, req.max_tokens, req.logprobs, constraint), text
 
     # --- shared --------------------------------------------------------------------------------
 
