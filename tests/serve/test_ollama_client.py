@@ -36,6 +36,14 @@ def test_version_tags_and_show_describe_the_served_model(server: ServerProcess, 
     assert shown.modelinfo is not None and shown.modelinfo["context_length"] == llm.config.max_position
 
 
+def test_requests_with_nothing_to_generate_load_or_unload(server: ServerProcess) -> None:
+    for path, empty in (("/api/chat", {"messages": []}), ("/api/generate", {"prompt": ""})):
+        load = httpx.post(server.url + path, json={"model": "m", **empty}, timeout=30).json()
+        assert load["done"] is True and load["done_reason"] == "load"
+        unload = httpx.post(server.url + path, json={"model": "m", "keep_alive": 0, **empty}, timeout=30).json()
+        assert unload["done_reason"] == "unload"
+
+
 def test_chat_is_the_models_greedy_answer_with_its_counts(server: ServerProcess, llm: LLM) -> None:
     reply = client(server).chat(model="smollm2", messages=QUESTION, options=GREEDY, stream=False)
     want = llm.chat_completion(QUESTION, max_new_tokens=24, temperature=0)

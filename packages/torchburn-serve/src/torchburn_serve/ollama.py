@@ -156,9 +156,9 @@ def add_routes(app: FastAPI, server: Any, embed: Callable[[EmbeddingRequest], Aw
     async def chat(request: Request) -> Response:
         body: ChatBody = parse(await request.body(), ChatBody)
         if not body.messages:
-            # Ollama loads the model and answers at once when a chat names none
+            # Ollama loads (or unloads) the model and answers at once when a chat has no messages
             return JSONResponse({**_head(server), "message": {"role": "assistant", "content": ""}, "done": True,
-                                 "done_reason": "load"})  # fmt: skip
+                                 "done_reason": _load_or_unload(body)})  # fmt: skip
         req: ChatRequest = validated(_chat_request(body), ChatRequest)
         started = time.monotonic()
         made, handle, release = await _submitted(server, lambda: server.jobs.chat(req), lambda m: m.job)
@@ -183,7 +183,7 @@ def add_routes(app: FastAPI, server: Any, embed: Callable[[EmbeddingRequest], Aw
         if body.suffix:
             raise bad_request("suffix (fill in the middle) is not supported", "suffix")
         if not body.prompt:
-            return JSONResponse({**_head(server), "response": "", "done": True, "done_reason": "load"})
+            return JSONResponse({**_head(server), "response": "", "done": True, "done_reason": _load_or_unload(body)})
         started = time.monotonic()
         if body.raw:
             completion: CompletionRequest = validated({"prompt": body.prompt, **_sampling(body)}, CompletionRequest)
@@ -224,6 +224,12 @@ def add_routes(app: FastAPI, server: Any, embed: Callable[[EmbeddingRequest], Aw
         body: EmbeddingsBody = parse(await request.body(), EmbeddingsBody)
         vectors = await embed(validated({"input": [body.prompt]}, EmbeddingRequest))
         return JSONResponse({"embedding": vectors[0]})
+
+
+def _load_or_unload(body: _Generation) -> str:
+    """What a request with nothing to generate asks for: to load the model, or with ``keep_alive`` 0 to
+    unload it (the model stays loaded here: the server serves one model for its lifetime)."""
+    return "unload" if body.keep_alive in (0, "0", "0s", "0m") else "load"
 
 
 def _chat_request(body: ChatBody) -> dict[str, Any]:
