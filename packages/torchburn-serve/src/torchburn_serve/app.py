@@ -156,8 +156,8 @@ def create_app(llm: LLM, model_id: str, limits: Limits | None = None, api_key: s
             return Response(status_code=CLIENT_CLOSED)
         text, logprobs, finish = _joined(deltas, answer)
         message: dict[str, Any] = {"role": "assistant", "content": text}
-        if made.tool_plan is not None and finish != "length":
-            content, calls = tools.read_answer(text, made.tool_plan)
+        if made.tool_plan is not None:
+            content, calls = tools.finished_answer(text, made.tool_plan, finish)
             message["content"] = content
             if calls:
                 message["tool_calls"], finish = calls, "tool_calls"
@@ -370,7 +370,7 @@ async def _chat_stream(
                 finish = delta.finish
                 if tool_plan is not None:
                     text = "".join(held)
-                    content, calls = tools.read_answer(text, tool_plan) if finish != "length" else (text, [])
+                    content, calls = tools.finished_answer(text, tool_plan, finish)
                     if content:
                         yield chunk({"content": content})
                     if calls:

@@ -164,15 +164,12 @@ def add_routes(app: FastAPI, server: Any, embed: Callable[[EmbeddingRequest], Aw
         made, handle, release = await _submitted(server, lambda: server.jobs.chat(req), lambda m: m.job)
         plan = made.tool_plan
 
-        def message(text: str) -> dict[str, Any]:
-            return {"role": "assistant", "content": text}
-
         if body.stream:
-            return _streamed(handle, server, started, message, plan, release)
+            return _streamed(handle, server, started, plan, release)
         deltas = await _collect(handle, request, release)
         if deltas is None:
             return Response(status_code=499)
-        return JSONResponse(_whole(deltas, server, started, message, plan))
+        return JSONResponse(_whole(deltas, server, started, plan))
 
     @app.post("/api/generate")
     @ollama_errors
@@ -197,15 +194,12 @@ def add_routes(app: FastAPI, server: Any, embed: Callable[[EmbeddingRequest], Aw
             req: ChatRequest = validated({"messages": messages, **_sampling(body)}, ChatRequest)
             _, handle, release = await _submitted(server, lambda: server.jobs.chat(req), lambda made: made.job)
 
-        def response(text: str) -> str:
-            return text
-
         if body.stream:
-            return _streamed(handle, server, started, response, None, release, key="response")
+            return _streamed(handle, server, started, None, release, key="response")
         deltas = await _collect(handle, request, release)
         if deltas is None:
             return Response(status_code=499)
-        return JSONResponse(_whole(deltas, server, started, response, None, key="response"))
+        return JSONResponse(_whole(deltas, server, started, None, key="response"))
 
     @app.post("/api/embed")
     @ollama_errors
@@ -279,7 +273,6 @@ def _streamed(
     handle: Handle,
     server: Any,
     started: float,
-    content: Callable[[str], Any],
     plan: tools.ToolPlan | None,
     release: Callable[[], None],
     key: str = "message",
@@ -298,9 +291,9 @@ def _streamed(
                 if plan is not None:
                     held.append(delta.text)
                 elif delta.text:
-                    yield _line({**_head(server), key: content(delta.text), "done": False})
+                    yield _line({**_head(server), key: _piece(key, delta.text), "done": False})
                 if delta.finish is not None:
-                    last = {**_head(server), key: content("")}
+                    last = {**_head(server), key: _piece(key, "")}
                     if plan is not None:
                         last[key] = _with_calls("".join(held), plan, delta.finish)
                     yield _line({**last, **_counts(delta, started, first)})
@@ -315,20 +308,24 @@ def _whole(
     deltas: list[Delta],
     server: Any,
     started: float,
-    content: Callable[[str], Any],
     plan: tools.ToolPlan | None,
     key: str = "message",
 ) -> dict[str, Any]:
     text = "".join(d.text for d in deltas)
     last = deltas[-1]
-    value = content(text) if plan is None else _with_calls(text, plan, last.finish or "stop")
+    value = _piece(key, text) if plan is None else _with_calls(text, plan, last.finish or "stop")
     return {**_head(server), key: value, **_counts(last, started, deltas[0].made)}
+
+
+def _piece(key: str, text: str) -> Any:
+    """Text of an answer under ``key``: a chat's assistant message, or a generation's plain text."""
+    return {"role": "assistant", "content": text} if key == "message" else text
 
 
 def _with_calls(text: str, plan: tools.ToolPlan, finish: str) -> dict[str, Any]:
     """The assistant message of a tool-calling answer: its text, and its calls as Ollama writes them
     (arguments as an object)."""
-    content, calls = tools.read_answer(text, plan) if finish != "length" else (text, [])
+    content, calls = tools.finished_answer(text, plan, finish)
     message: dict[str, Any] = {"role": "assistant", "content": content or ""}
     if calls:
         message["tool_calls"] = [

@@ -186,7 +186,7 @@ class _Answer:
         """The whole response object; ``text`` None while it is being generated."""
         output: list[dict[str, Any]] = []
         if text is not None:
-            content, calls = _read(text, plan, finish)
+            content, calls = tools.finished_answer(text, plan, finish)
             if content or not calls:
                 output.append(self.message(content or ""))
             output += [_function_call(c) for c in calls]
@@ -221,13 +221,6 @@ class _Answer:
                 "total_tokens": self.input_tokens + self.output_tokens,
             }
         return body
-
-
-def _read(text: str, plan: tools.ToolPlan | None, finish: str | None) -> tuple[str | None, list[dict[str, Any]]]:
-    """The answer's text and its tool calls (chat completions' shape)."""
-    if plan is None or finish == "length":
-        return text, []
-    return tools.read_answer(text, plan)
 
 
 def _output_text(text: str) -> dict[str, Any]:

@@ -176,6 +176,16 @@ def _arguments_object(arguments: Any) -> Any:
     return arguments
 
 
+def finished_answer(
+    text: str, tool_plan: ToolPlan | None, finish: str | None
+) -> tuple[str | None, list[dict[str, Any]]]:
+    """A whole answer's text and tool calls, however it finished: one cut short by ``max_tokens`` (or
+    offered no tools) stays text as it is."""
+    if tool_plan is None or finish == "length":
+        return text, []
+    return read_answer(text, tool_plan)
+
+
 def read_answer(text: str, tool_plan: ToolPlan) -> tuple[str | None, list[dict[str, Any]]]:
     """The answer's text and its tool calls (OpenAI's shape, each with a fresh id)."""
     if tool_plan.native:
