@@ -130,66 +130,160 @@ pub fn quantize(form: ActForm, x: &[f32]) -> Acts {
     } else {
         127.0
     };
-    let mut ints = vec![0i32; x.len()];
     let blocks = x.len() / block;
     (out.d, out.dsum) = (vec![0f32; blocks], vec![0f32; blocks]);
-    quantize_blocks(x, block, top, &mut ints, &mut out.d, &mut out.dsum);
-    out.sums16 = ints.chunks_exact(SUM_LEN).map(|c| c.iter().sum()).collect();
+    out.sums16 = vec![0i32; x.len() / SUM_LEN];
+    let (d, dsum, sums16) = (&mut out.d, &mut out.dsum, &mut out.sums16);
+    block_maxima(x, block, d);
+    if form == ActForm::Int16x32 {
+        out.q16 = vec![0i16; x.len()];
+        quantize_blocks(x, block, top, &mut out.q16, d, dsum, sums16);
+    } else {
+        out.q = vec![0i8; x.len()];
+        quantize_blocks(x, block, top, &mut out.q, d, dsum, sums16);
+    }
     if form == ActForm::Int8x256 {
         out.sums16_i16 = out.sums16.iter().map(|&s| s as i16).collect();
-    }
-    if form == ActForm::Int16x32 {
-        out.q16 = ints.iter().map(|&v| v as i16).collect();
-    } else {
-        out.q = ints.iter().map(|&v| v as i8).collect();
     }
     out
 }
 
-/// Each block of `block` values of `x` as integers `ints` (rounded half away from zero, within
-/// ±`top`), its scale `d` (`max|x| / top`) and `d · Σ q` into `dsum`. One function for the row, so
-/// the loops vectorize under each level's instructions (`f32::round` is a libm call per element,
-/// which showed in a decode step's profile; [`round_away`] is the same rounding in a form that
-/// vectorizes).
+/// The largest magnitude of each block of `block` values of `x`, into `out`; NaNs never win (as they
+/// never win `f32::max`), and the maximum of exact values does not depend on the order it is taken
+/// in, so every level gives the same values. Explicit vectors on x86: the compiler vectorized the
+/// portable loop two lanes wide, and it took half a row's quantization.
+fn block_maxima(x: &[f32], block: usize, out: &mut [f32]) {
+    assert!(block.is_multiple_of(LANES), "blocks of whole lanes");
+    assert_eq!(out.len() * block, x.len(), "one maximum per block");
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa::avx2() {
+        // SAFETY: the level includes AVX2 (and AVX-512 F where asked); lengths checked above
+        unsafe {
+            if crate::isa::avx512() {
+                block_maxima_zmm(x, block, out)
+            } else {
+                block_maxima_ymm(x, block, out)
+            }
+        }
+        return;
+    }
+    for (xs, m) in x.chunks_exact(block).zip(out.iter_mut()) {
+        *m = xs
+            .iter()
+            .fold(0f32, |m, &v| if v.abs() > m { v.abs() } else { m });
+    }
+}
+
+/// [`block_maxima`] on AVX-512: sixteen running maxima per block (`vmaxps` keeps its second operand,
+/// the running maximum, against a NaN), then folded.
+///
+/// # Safety
+/// The CPU must have AVX-512 F; `x` whole blocks of whole vectors, `out` one entry per block.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2")]
+unsafe fn block_maxima_zmm(x: &[f32], block: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    for (b, m) in out.iter_mut().enumerate() {
+        let p = x.as_ptr().add(b * block);
+        let mut acc = _mm512_setzero_ps();
+        for i in (0..block).step_by(16) {
+            acc = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(p.add(i))), acc);
+        }
+        *m = _mm512_reduce_max_ps(acc);
+    }
+}
+
+/// [`block_maxima`] on AVX2: as [`block_maxima_zmm`], eight lanes to a register.
+///
+/// # Safety
+/// The CPU must have AVX2; `x` whole blocks of whole vectors, `out` one entry per block.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn block_maxima_ymm(x: &[f32], block: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let sign = _mm256_set1_ps(-0.0);
+    for (b, m) in out.iter_mut().enumerate() {
+        let p = x.as_ptr().add(b * block);
+        let mut acc = _mm256_setzero_ps();
+        for i in (0..block).step_by(8) {
+            acc = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(p.add(i))), acc);
+        }
+        let half = _mm_max_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+        let half = _mm_max_ps(half, _mm_movehl_ps(half, half));
+        *m = _mm_cvtss_f32(_mm_max_ss(half, _mm_movehdup_ps(half)));
+    }
+}
+
+/// An integer type the activations are stored in, which holds every value within its form's `top`.
+trait Narrow: Copy {
+    fn narrow(v: i32) -> Self;
+}
+
+impl Narrow for i8 {
+    #[inline(always)]
+    fn narrow(v: i32) -> i8 {
+        v as i8
+    }
+}
+
+impl Narrow for i16 {
+    #[inline(always)]
+    fn narrow(v: i32) -> i16 {
+        v as i16
+    }
+}
+
+/// Each block of `block` values of `x` as integers into `q` (rounded half away from zero, within
+/// ±`top`), its scale into `d` (which holds the block's largest magnitude on entry: the scale is it
+/// over `top`), `d · Σ q` into `dsum`, and the sum of each 16 integers into `sums16`. One function for the row, so the loops vectorize under
+/// each level's instructions (`f32::round` is a libm call per element, which showed in a decode
+/// step's profile; [`round_away`] is the same rounding in a form that vectorizes).
 #[isa_versions]
-fn quantize_blocks(
+fn quantize_blocks<T: Narrow>(
     x: &[f32],
     block: usize,
     top: f32,
-    ints: &mut [i32],
+    q: &mut [T],
     d: &mut [f32],
     dsum: &mut [f32],
+    sums16: &mut [i32],
 ) {
     assert!(block.is_multiple_of(LANES), "blocks of whole lanes");
-    let rows = x.chunks_exact(block).zip(ints.chunks_exact_mut(block));
-    for ((xs, qs), (d, dsum)) in rows.zip(d.iter_mut().zip(dsum.iter_mut())) {
-        // the largest magnitude in sixteen running maxima, which vectorize (one fold over the
-        // block is a chain the compiler keeps scalar); a NaN never wins a comparison, as it never
-        // wins `f32::max`, and the maximum of exact values does not depend on their order
-        let mut lanes = [0f32; LANES];
-        for chunk in xs.chunks_exact(LANES) {
-            for (m, &v) in lanes.iter_mut().zip(chunk) {
-                if v.abs() > *m {
-                    *m = v.abs();
-                }
-            }
-        }
-        let amax = lanes.iter().fold(0f32, |m, &v| if v > m { v } else { m });
+    let rows = x
+        .chunks_exact(block)
+        .zip(q.chunks_exact_mut(block))
+        .zip(sums16.chunks_exact_mut(block / SUM_LEN));
+    for (((xs, qs), sums), (d, dsum)) in rows.zip(d.iter_mut().zip(dsum.iter_mut())) {
+        let amax = *d; // the block's largest magnitude, from `block_maxima`
         let scale = amax / top;
         let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-        for (o, &v) in qs.iter_mut().zip(xs) {
-            // |v · inv| <= top up to rounding, clamped for safety
-            let r = round_away(v * inv).clamp(-top, top);
-            // a NaN becomes 0, as `as i32` makes it; the saturating `as` itself stays scalar
-            *o = if r.is_nan() {
-                0
-            } else {
-                // SAFETY: a number within ±top, which i32 holds
-                unsafe { r.to_int_unchecked::<i32>() }
-            };
+        let mut total = 0i32;
+        for ((xc, qc), sum) in xs
+            .chunks_exact(SUM_LEN)
+            .zip(qs.chunks_exact_mut(SUM_LEN))
+            .zip(sums.iter_mut())
+        {
+            let mut ints = [0i32; SUM_LEN];
+            for (o, &v) in ints.iter_mut().zip(xc) {
+                // |v · inv| <= top up to rounding, clamped for safety
+                let r = round_away(v * inv).clamp(-top, top);
+                // a NaN becomes 0, as `as i32` makes it; the saturating `as` itself stays scalar
+                *o = if r.is_nan() {
+                    0
+                } else {
+                    // SAFETY: a number within ±top, which i32 holds
+                    unsafe { r.to_int_unchecked::<i32>() }
+                };
+            }
+            for (o, &v) in qc.iter_mut().zip(&ints) {
+                *o = T::narrow(v);
+            }
+            // integer sums: exact in any order
+            *sum = ints.iter().sum();
+            total += *sum;
         }
         *d = scale;
-        *dsum = scale * qs.iter().sum::<i32>() as f32;
+        *dsum = scale * total as f32;
     }
 }
 
@@ -299,4 +393,66 @@ fn pair_up(rows: &[Acts], first: usize, count: usize, blocks: usize) -> PairedGr
         }
     }
     g
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::testing::centered;
+
+    /// The quantization written out one element at a time, with the standard library's rounding (half
+    /// away from zero) and maximum: what every level's vectors must give, bit for bit.
+    fn by_hand(form: ActForm, x: &[f32]) -> (Vec<i32>, Vec<f32>, Vec<f32>, Vec<i32>) {
+        let top = if form == ActForm::Int16x32 {
+            32767.0
+        } else {
+            127.0
+        };
+        let (mut ints, mut d, mut dsum) = (vec![], vec![], vec![]);
+        for xs in x.chunks_exact(form.block()) {
+            let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let scale = amax / top;
+            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+            let qs: Vec<i32> = xs
+                .iter()
+                .map(|v| (v * inv).round().clamp(-top, top) as i32)
+                .collect();
+            d.push(scale);
+            dsum.push(scale * qs.iter().sum::<i32>() as f32);
+            ints.extend(qs);
+        }
+        let sums16 = ints.chunks_exact(SUM_LEN).map(|c| c.iter().sum()).collect();
+        (ints, d, dsum, sums16)
+    }
+
+    #[test]
+    fn rows_quantize_as_written_out_by_hand() {
+        for form in [ActForm::Int8x32, ActForm::Int16x32, ActForm::Int8x256] {
+            let mut x: Vec<f32> = centered(1024, 3).iter().map(|v| v * 40.0).collect();
+            // a block of zeros, NaNs, one with an infinity, negative zeros, ties and
+            // values too small to survive their block's scale
+            x[..32].fill(0.0);
+            // (in a block's first vector, and in the last vector of a 32- and of a 256-block)
+            x[40] = f32::NAN;
+            x[63] = f32::NAN;
+            x[511] = f32::NAN;
+            x[70] = f32::INFINITY;
+            x[100] = -0.0;
+            x[300..332].copy_from_slice(
+                &[0.5f32, -0.5, 2.5, -126.5, 1e-30, -1e-30, 127.0, -127.0].repeat(4),
+            );
+            let a = quantize(form, &x);
+            let (ints, d, dsum, sums16) = by_hand(form, &x);
+            let got: Vec<i32> = (0..x.len()).map(|i| a.int(i)).collect();
+            assert_eq!(got, ints, "{form:?} integers");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a.d), bits(&d), "{form:?} scales");
+            assert_eq!(bits(&a.dsum), bits(&dsum), "{form:?} scaled sums");
+            assert_eq!(a.sums16, sums16, "{form:?} sums of 16");
+            if form == ActForm::Int8x256 {
+                let narrow: Vec<i32> = a.sums16_i16.iter().map(|&s| s as i32).collect();
+                assert_eq!(narrow, sums16, "{form:?} sums as i16");
+            }
+        }
+    }
 }
