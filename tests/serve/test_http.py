@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import signal
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -256,3 +258,51 @@ def test_ctrl_c_shuts_down_cleanly(start_server) -> None:  # type: ignore[no-unt
     output = proc.output()
     assert "Traceback" not in output
     assert "Finished server process" in output
+
+
+def _preflight(url: str, origin: str) -> httpx.Response:
+    headers = {
+        "origin": origin,
+        "access-control-request-method": "POST",
+        "access-control-request-headers": "authorization, content-type",
+    }
+    return httpx.options(url + "/v1/chat/completions", headers=headers, timeout=10)
+
+
+def test_browser_pages_on_loopback_may_call_the_api_and_others_may_not(server: ServerProcess) -> None:
+    for origin in ("http://localhost:3000", "http://127.0.0.1:8080", "https://localhost"):
+        r = _preflight(server.url, origin)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == origin, origin
+        assert "authorization" in r.headers["access-control-allow-headers"].lower()
+        models = httpx.get(server.url + "/v1/models", headers={"origin": origin}, timeout=10)
+        assert models.headers["access-control-allow-origin"] == origin
+    for origin in ("https://evil.example", "http://localhost.evil.example", "http://127.0.0.1.evil.example:80"):
+        assert "access-control-allow-origin" not in _preflight(server.url, origin).headers, origin
+        models = httpx.get(server.url + "/v1/models", headers={"origin": origin}, timeout=10)
+        assert models.status_code == 200 and "access-control-allow-origin" not in models.headers, origin
+
+
+def test_cors_origins_can_be_added_and_the_key_still_guards(start_server) -> None:  # type: ignore[no-untyped-def]
+    proc = start_server("--cors-origin", "https://chat.example", "--api-key", "k3y")
+    # the preflight carries no key; the request itself still needs it, and its 401 is readable by the page
+    r = _preflight(proc.url, "https://chat.example")
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://chat.example"
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    headers = {"origin": "https://chat.example"}
+    denied = httpx.post(proc.url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
+    assert denied.status_code == 401 and denied.headers["access-control-allow-origin"] == "https://chat.example"
+    allowed = httpx.post(
+        proc.url + "/v1/chat/completions", json=body, headers={**headers, "authorization": "Bearer k3y"}, timeout=60
+    )
+    assert allowed.status_code == 200 and allowed.json()["choices"][0]["message"]["role"] == "assistant"
+    assert "access-control-allow-origin" not in _preflight(proc.url, "https://other.example").headers
+
+
+def test_a_cors_origin_that_is_not_an_origin_is_refused(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from torchburn_cli.app import app
+
+    result = CliRunner().invoke(app, ["serve", "--cors-origin", "https://chat.example/path"])
+    text = " ".join(re.sub(r"[│╭╮╰╯─]", " ", result.output).split())  # the message without its box
+    assert result.exit_code == 2 and "'https://chat.example/path' is not a web origin" in text, result.output

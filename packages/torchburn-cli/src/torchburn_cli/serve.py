@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -44,10 +45,24 @@ def serve(
         int | None, typer.Option(min=1, help="Prompt tokens one request may send [default: the context less one]")
     ] = None,
     max_body_bytes: Annotated[int, typer.Option(min=1, help="Largest request body accepted")] = 1 << 20,
+    cors_origin: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--cors-origin",
+            help="Also let web pages from this origin call the API from a browser (e.g. https://chat.example, "
+            "or '*' for any; repeatable). Pages on localhost / 127.0.0.1 always may",
+        ),
+    ] = None,
 ) -> None:
     """Serve the model over the OpenAI API (chat and text completions, embeddings) with a chat page at /."""
     from torchburn_serve import Limits, run
 
+    for origin in cors_origin or ():
+        if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+            raise typer.BadParameter(
+                f"{origin!r} is not a web origin: give scheme://host[:port] with no path (or '*')",
+                param_hint="--cors-origin",
+            )
     from .app import _load
 
     limits = Limits(
@@ -58,7 +73,15 @@ def serve(
         max_batch=max_batch,
     )
     llm = _load(model, quant, device)
-    run(llm, alias or model_name(model), host=host, port=port, api_key=api_key, limits=limits)
+    run(
+        llm,
+        alias or model_name(model),
+        host=host,
+        port=port,
+        api_key=api_key,
+        limits=limits,
+        cors_origins=cors_origin or (),
+    )
 
 
 def bench_serve(

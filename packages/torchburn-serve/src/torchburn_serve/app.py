@@ -18,13 +18,14 @@ import base64
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from importlib import resources
 from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -89,8 +90,21 @@ class Server:
         return handle
 
 
-def create_app(llm: LLM, model_id: str, limits: Limits | None = None, api_key: str | None = None) -> FastAPI:
-    """The ASGI app serving ``llm`` under the name ``model_id``."""
+# Web pages served from this machine (any port) may call the API from a browser, as Ollama allows by
+# default: a chat front end on localhost:3000 works out of the box, while a page from anywhere else gets
+# no CORS headers, so a site the user happens to visit cannot read the local model's answers.
+LOOPBACK_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:[0-9]{1,5})?"
+
+
+def create_app(
+    llm: LLM,
+    model_id: str,
+    limits: Limits | None = None,
+    api_key: str | None = None,
+    cors_origins: Sequence[str] = (),
+) -> FastAPI:
+    """The ASGI app serving ``llm`` under the name ``model_id``. Browsers may call it from pages on
+    loopback origins and from ``cors_origins`` (exact origins such as ``https://chat.example``, or ``*``)."""
     server = Server(llm, model_id, limits or Limits())
 
     @contextlib.asynccontextmanager
@@ -104,6 +118,16 @@ def create_app(llm: LLM, model_id: str, limits: Limits | None = None, api_key: s
     app = FastAPI(title="TorchBurn", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.server = server
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=server.limits.max_body_bytes)
+    # outside the guard (added last): a browser's preflight carries no key, and an error the guard
+    # answers still needs the headers for the page to read it
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=list(cors_origins),
+        allow_origin_regex=LOOPBACK_ORIGINS,
+        allow_methods=["GET", "POST", "OPTIONS"],
+        allow_headers=["Authorization", "Content-Type"],
+        max_age=600,
+    )
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError) -> Response:

@@ -7,6 +7,7 @@ import gc
 import ipaddress
 import logging
 import socket
+from collections.abc import Sequence
 from types import FrameType
 
 import uvicorn
@@ -38,11 +39,13 @@ def run(
     limits: Limits | None = None,
     log_level: str = "info",
     sock: socket.socket | None = None,
+    cors_origins: Sequence[str] = (),
 ) -> None:
-    """Serve ``llm`` until interrupted. ``sock``: an already bound socket to serve on instead of host/port."""
+    """Serve ``llm`` until interrupted. ``sock``: an already bound socket to serve on instead of host/port;
+    ``cors_origins``: web origins besides loopback ones whose pages may call the API (see ``create_app``)."""
     if not is_loopback(host) and api_key is None:
         log.warning("serving on %s without --api-key: anyone who can reach this address can use the model", host)
-    app = create_app(llm, model_id, limits, api_key)
+    app = create_app(llm, model_id, limits, api_key, cors_origins)
     # The model, tokenizer and app are a few hundred thousand objects that live as long as the process;
     # a full collection walks them all (tens of milliseconds, every stream stalled). Set them aside.
     gc.collect()
