@@ -156,6 +156,25 @@ def test_text_completion_continues_the_prompt(server: ServerProcess, llm: LLM) -
     assert "".join(c.choices[0].text for c in streamed if c.choices) == reply.choices[0].text
 
 
+def test_a_list_of_prompts_answers_a_choice_each_in_order(server: ServerProcess, llm: LLM) -> None:
+    """As clients that batch prompts (LangChain's completion models) send them: one request, a choice per
+    prompt, each the answer that prompt gets alone; token-id prompts too; usage summed over the choices."""
+    prompts = ["The capital of France is", "Water boils at", "One, two, three,"]
+    reply = client(server).completions.create(model="m", prompt=prompts, max_tokens=10, temperature=0)
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    assert [c.text for c in reply.choices] == [llm.generate(p, 10, temperature=0) for p in prompts]
+    assert reply.usage is not None
+    assert reply.usage.prompt_tokens == sum(len(llm.prompt_ids(p)) for p in prompts)
+    assert reply.usage.completion_tokens == sum(len(llm.encode(c.text)) for c in reply.choices)
+    ids = [llm.prompt_ids(p) for p in prompts[:2]]
+    by_ids = client(server).completions.create(model="m", prompt=ids, max_tokens=10, temperature=0)
+    assert [c.text for c in by_ids.choices] == [c.text for c in reply.choices[:2]]
+    with pytest.raises(openai.BadRequestError, match="a stream takes one prompt"):
+        client(server).completions.create(model="m", prompt=prompts, max_tokens=4, stream=True)
+    with pytest.raises(openai.BadRequestError, match="prompts in one request"):
+        client(server).completions.create(model="m", prompt=["x"] * 65, max_tokens=4)
+
+
 def test_json_schema_output_parses_and_validates(server: ServerProcess) -> None:
     schema = {
         "type": "object",

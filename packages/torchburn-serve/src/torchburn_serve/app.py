@@ -197,28 +197,37 @@ def create_app(
     @app.post("/completions")
     async def completions(request: Request) -> Response:
         req: CompletionRequest = parse(await request.body(), CompletionRequest)
-        (_, prompt_text), handle, release = await _submitted(
-            server, lambda: server.jobs.completion(req), lambda made: made[0]
-        )
-        answer = responses.Answer("cmpl", server.model_id)
-        echo = prompt_text if req.echo else ""
         if req.stream:
+            if isinstance(req.prompt, list) and len(req.prompt) > 1 and isinstance(req.prompt[0], (str, list)):
+                raise bad_request(
+                    "a stream takes one prompt; send several without stream, or one per request", "prompt"
+                )
+            (_, prompt_text), handle, release = await _submitted(
+                server, lambda: server.jobs.completion(req), lambda made: made[0]
+            )
+            answer = responses.Answer("cmpl", server.model_id)
+            echo = prompt_text if req.echo else ""
             return StreamingResponse(
                 _completion_stream(handle, answer, echo, req.include_usage, req.logprobs is not None, release),
                 media_type="text/event-stream",
                 headers=_SSE_HEADERS,
             )
-        deltas = await _collect(handle, request, release)
-        if deltas is None:
+        made, handles, release = await _submitted_all(server, lambda: server.jobs.completions(req))
+        answers = await _collect_all(handles, request, release)
+        if answers is None:
             return Response(status_code=CLIENT_CLOSED)
-        text, logprobs, finish = _joined(deltas, answer)
-        choice = {
-            "index": 0,
-            "text": echo + text,
-            "logprobs": None if req.logprobs is None else responses.completion_logprobs(logprobs, len(echo)),
-            "finish_reason": finish,
-        }
-        return JSONResponse({**answer.head("text_completion"), "choices": [choice], "usage": answer.usage()})
+        total = responses.Answer("cmpl", server.model_id)
+        choices = []
+        for i, ((_, prompt_text), deltas) in enumerate(zip(made, answers, strict=True)):
+            echo = prompt_text if req.echo else ""
+            answer = responses.Answer("cmpl", server.model_id)
+            text, logprobs, finish = _joined(deltas, answer)
+            total.prompt_tokens += answer.prompt_tokens
+            total.completion_tokens += answer.completion_tokens
+            total.cached_tokens += answer.cached_tokens
+            lps = None if req.logprobs is None else responses.completion_logprobs(logprobs, len(echo))
+            choices.append({"index": i, "text": echo + text, "logprobs": lps, "finish_reason": finish})
+        return JSONResponse({**total.head("text_completion"), "choices": choices, "usage": total.usage()})
 
     @app.post("/v1/embeddings")
     @app.post("/embeddings")
@@ -325,19 +334,49 @@ async def _submitted(
         raise
 
 
+async def _submitted_all(
+    server: Server, make: Callable[[], list[tuple[Job, str]]]
+) -> tuple[list[tuple[Job, str]], list[Handle], Callable[[], None]]:
+    """:func:`_submitted` for a request of several jobs (a list of prompts): a place among the requests in
+    flight for each, all given back by the one ``release``."""
+    releases: list[Callable[[], None]] = []
+
+    def release() -> None:
+        for give_back in releases:
+            give_back()
+
+    try:
+        releases.append(server.claim())
+        made = await asyncio.to_thread(make)
+        releases.extend(server.claim() for _ in made[1:])
+        return made, [server.submit(job) for job, _ in made], release
+    except BaseException:
+        release()
+        raise
+
+
 async def _collect(handle: Handle, request: Request, release: Callable[[], None]) -> list[Delta] | None:
     """Every delta of ``handle`` up to its last, then ``release`` of the request's place; None where the
     client went away meanwhile, which cancels the job (the body has been read, so the next message the
     connection delivers is its end)."""
+    answers = await _collect_all([handle], request, release)
+    return None if answers is None else answers[0]
+
+
+async def _collect_all(
+    handles: list[Handle], request: Request, release: Callable[[], None]
+) -> list[list[Delta]] | None:
+    """:func:`_collect` for the jobs of one request, which run together (in the same batch); a client that
+    goes away cancels them all, and an error of any fails the request."""
 
     async def watch() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
-        handle.cancel()
+        for handle in handles:
+            handle.cancel()
 
-    watcher = asyncio.create_task(watch())
-    deltas: list[Delta] = []
-    try:
+    async def one(handle: Handle) -> list[Delta] | None:
+        deltas: list[Delta] = []
         async for delta in handle.deltas():
             if delta.finish == CANCELLED:
                 return None
@@ -345,9 +384,17 @@ async def _collect(handle: Handle, request: Request, release: Callable[[], None]
                 raise delta.error
             deltas.append(delta)
         return deltas
+
+    watcher = asyncio.create_task(watch())
+    try:
+        answers = await asyncio.gather(*(one(h) for h in handles))
+        if any(a is None for a in answers):
+            return None
+        return [a for a in answers if a is not None]
     finally:
         watcher.cancel()
-        handle.cancel()
+        for handle in handles:
+            handle.cancel()
         release()
 
 

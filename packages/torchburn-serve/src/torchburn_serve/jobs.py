@@ -81,13 +81,26 @@ class JobMaker:
 
     # --- text completions ----------------------------------------------------------------------
 
+    def completions(self, req: CompletionRequest) -> list[tuple[Job, str]]:
+        """A job (and its prompt's text) per prompt of ``req``: OpenAI's text completions take a list of
+        prompts (clients batch them: LangChain sends up to 20 at once), answered as choices in order."""
+        prompts = req.prompt
+        if not (isinstance(prompts, list) and prompts and isinstance(prompts[0], (str, list))):
+            return [self.completion(req)]
+        if len(prompts) > self.limits.max_requests:
+            raise bad_request(
+                f"{len(prompts)} prompts in one request; this server takes at most {self.limits.max_requests}",
+                "prompt",
+            )
+        return [self.completion(req.model_copy(update={"prompt": [p]})) for p in prompts]
+
     def completion(self, req: CompletionRequest, schema: dict[str, Any] | None = None) -> tuple[Job, str]:
         """The job and the prompt's text (for ``echo``); the answer follows ``schema`` where one is given
         (llama-server's ``/completion`` takes one)."""
         prompt = req.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             if len(prompt) != 1:
-                raise bad_request("one prompt per request is supported (n=1)", "prompt")
+                raise bad_request("one prompt per request is supported here", "prompt")
             prompt = prompt[0]  # type: ignore[assignment]
         if isinstance(prompt, str):
             ids, text = self._encode(prompt, "prompt"), prompt
