@@ -12,6 +12,14 @@ from typing import Any
 
 import torchburn
 
+# a JSON schema the servers' structured-output tests ask for: a city and its country, short strings
+CITY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 30}, "country": {"type": "string", "maxLength": 30}},
+    "required": ["city", "country"],
+    "additionalProperties": False,
+}
+
 
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run a fresh interpreter (a new process: nothing in memory carries over) and fail loudly on error."""

@@ -8,6 +8,7 @@ import json
 import httpx
 import pytest
 
+from helpers import CITY_SCHEMA
 from serve_process import ServerProcess
 from torchburn_llm import LLM
 
@@ -43,12 +44,7 @@ def test_streamed_completion_joins_to_the_whole_answer(server: ServerProcess) ->
 
 
 def test_json_schema_output_parses_and_validates(server: ServerProcess) -> None:
-    schema = {
-        "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 30}, "country": {"type": "string", "maxLength": 30}},
-        "required": ["city", "country"],
-        "additionalProperties": False,
-    }
+    schema = CITY_SCHEMA
     body = {"prompt": "Paris as JSON:", "temperature": 0, "json_schema": schema}
     value = json.loads(httpx.post(server.url + "/completion", json=body, timeout=120).json()["content"])
     assert set(value) == {"city", "country"} and all(isinstance(v, str) for v in value.values())

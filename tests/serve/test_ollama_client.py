@@ -12,6 +12,7 @@ import openai
 import pytest
 import torch
 
+from helpers import CITY_SCHEMA
 from serve_process import ServerProcess
 from torchburn_llm import LLM
 from torchburn_serve import ollama as ollama_routes
@@ -81,12 +82,7 @@ def test_generate_templated_and_raw(server: ServerProcess, llm: LLM) -> None:
 
 
 def test_format_schema_and_json(server: ServerProcess) -> None:
-    schema = {
-        "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 30}, "country": {"type": "string", "maxLength": 30}},
-        "required": ["city", "country"],
-        "additionalProperties": False,
-    }
+    schema = CITY_SCHEMA
     messages = [{"role": "user", "content": "Describe Paris as JSON."}]
     reply = client(server).chat(model="m", messages=messages, format=schema, options={"temperature": 0})
     value = json.loads(reply.message.content or "")

@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 
+from helpers import CITY_SCHEMA
 from serve_process import ServerProcess
 from torchburn_llm import LLM
 
@@ -93,12 +94,7 @@ def test_a_cut_off_answer_is_incomplete(server: ServerProcess) -> None:
 
 
 def test_json_schema_format_parses_and_validates(server: ServerProcess) -> None:
-    schema = {
-        "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 30}, "country": {"type": "string", "maxLength": 30}},
-        "required": ["city", "country"],
-        "additionalProperties": False,
-    }
+    schema = CITY_SCHEMA
     reply = client(server).responses.create(
         model="m",
         input="Describe Paris as JSON.",

@@ -212,7 +212,9 @@ def create_app(
                 media_type="text/event-stream",
                 headers=_SSE_HEADERS,
             )
-        made, handles, release = await _submitted_all(server, lambda: server.jobs.completions(req))
+        made, handles, release = await _submitted_all(
+            server, lambda: server.jobs.completions(req), lambda made: [job for job, _ in made]
+        )
         answers = await _collect_all(handles, request, release)
         if answers is None:
             return Response(status_code=CLIENT_CLOSED)
@@ -325,20 +327,15 @@ async def _submitted(
     """A request's job built by ``make`` (off the event loop: templates and tokenizing take time) and
     submitted under a claimed place among the concurrent requests; the place's ``release`` is for the
     caller once the answer is out, and is called here if building or submitting fails."""
-    release = server.claim()
-    try:
-        made = await asyncio.to_thread(make)
-        return made, server.submit(job_of(made)), release
-    except BaseException:
-        release()
-        raise
+    made, handles, release = await _submitted_all(server, make, lambda m: [job_of(m)])
+    return made, handles[0], release
 
 
 async def _submitted_all(
-    server: Server, make: Callable[[], list[tuple[Job, str]]]
-) -> tuple[list[tuple[Job, str]], list[Handle], Callable[[], None]]:
-    """:func:`_submitted` for a request of several jobs (a list of prompts): a place among the requests in
-    flight for each, all given back by the one ``release``."""
+    server: Server, make: Callable[[], Made], jobs_of: Callable[[Made], list[Job]]
+) -> tuple[Made, list[Handle], Callable[[], None]]:
+    """:func:`_submitted` for a request of one or more jobs (a list of prompts): a place among the
+    requests in flight for each, all given back by the one ``release``."""
     releases: list[Callable[[], None]] = []
 
     def release() -> None:
@@ -348,8 +345,9 @@ async def _submitted_all(
     try:
         releases.append(server.claim())
         made = await asyncio.to_thread(make)
-        releases.extend(server.claim() for _ in made[1:])
-        return made, [server.submit(job) for job, _ in made], release
+        jobs = jobs_of(made)
+        releases.extend(server.claim() for _ in jobs[1:])
+        return made, [server.submit(job) for job in jobs], release
     except BaseException:
         release()
         raise

@@ -84,8 +84,8 @@ class JobMaker:
     def completions(self, req: CompletionRequest) -> list[tuple[Job, str]]:
         """A job (and its prompt's text) per prompt of ``req``: OpenAI's text completions take a list of
         prompts (clients batch them: LangChain sends up to 20 at once), answered as choices in order."""
-        prompts = req.prompt
-        if not (isinstance(prompts, list) and prompts and isinstance(prompts[0], (str, list))):
+        prompts = req.prompts()
+        if len(prompts) == 1:
             return [self.completion(req)]
         if len(prompts) > self.limits.max_requests:
             raise bad_request(
@@ -97,15 +97,14 @@ class JobMaker:
     def completion(self, req: CompletionRequest, schema: dict[str, Any] | None = None) -> tuple[Job, str]:
         """The job and the prompt's text (for ``echo``); the answer follows ``schema`` where one is given
         (llama-server's ``/completion`` takes one)."""
-        prompt = req.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
-                raise bad_request("one prompt per request is supported here", "prompt")
-            prompt = prompt[0]  # type: ignore[assignment]
+        prompts = req.prompts()
+        if len(prompts) != 1:
+            raise bad_request("one prompt per request is supported here", "prompt")
+        prompt = prompts[0]
         if isinstance(prompt, str):
             ids, text = self._encode(prompt, "prompt"), prompt
         else:
-            ids = list(prompt)  # type: ignore[arg-type]
+            ids = list(prompt)
             vocab = self.llm.config.vocab_size
             if not ids or any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
                 raise bad_request(f"prompt token ids must be a non-empty list of ints in [0, {vocab})", "prompt")

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -190,6 +190,13 @@ class CompletionRequest(Sampling):
         if suffix:
             raise ValueError("suffix (fill in the middle) is not supported")
         return suffix
+
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt of the request: ``prompt`` is one text or token list, or a list of them."""
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+            return cast("list[str | list[int]]", list(p))
+        return [cast("str | list[int]", p)]
 
 
 class EmbeddingRequest(_Body):
