@@ -186,6 +186,19 @@ def test_unknown_route_and_method_are_openai_errors(server: ServerProcess) -> No
     assert r.status_code == 405 and "error" in r.json()
 
 
+@pytest.mark.parametrize("path", ["/", "/health", "/v1/models", "/api/tags", "/api/version", "/props", "/static/chat.js"])
+def test_head_answers_as_get_without_a_body(server: ServerProcess, path: str) -> None:
+    got = httpx.get(server.url + path, timeout=10)
+    head = httpx.head(server.url + path, timeout=10)
+    assert got.status_code == head.status_code == 200
+    assert head.content == b"" and got.content != b""
+    assert head.headers["content-type"] == got.headers["content-type"]
+
+
+def test_head_on_a_post_route_is_refused(server: ServerProcess) -> None:
+    assert httpx.head(server.url + "/v1/chat/completions", timeout=10).status_code == 405
+
+
 def test_limits(start_server) -> None:  # type: ignore[no-untyped-def]
     limited = start_server("--max-body-bytes", "2000", "--max-requests", "1", "--max-tokens", "1000",
                            "--max-prompt-tokens", "100")  # fmt: skip
@@ -236,6 +249,8 @@ def test_api_key_guards_every_route(start_server) -> None:  # type: ignore[no-un
             assert r.json()["error"]["type"] == "authentication_error"
     ok = {"authorization": "Bearer k3y"}
     assert httpx.get(guarded.url + "/health", headers=ok, timeout=10).status_code == 200
+    assert httpx.head(guarded.url + "/", timeout=10).status_code == 401
+    assert httpx.head(guarded.url + "/", headers=ok, timeout=10).status_code == 200
     # a browser asks for the key as a password and sends it as Basic credentials
     assert "Basic" in httpx.get(guarded.url + "/", timeout=10).headers["www-authenticate"]
     basic = {"authorization": "Basic " + base64.b64encode(b"me:k3y").decode()}

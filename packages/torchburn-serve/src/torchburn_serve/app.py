@@ -27,6 +27,7 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -281,7 +282,16 @@ def create_app(
         return FileResponse(str(STATIC / "index.html"), headers=_PAGE_HEADERS)
 
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
+    _answer_head_where_get(app)
     return app
+
+
+def _answer_head_where_get(app: FastAPI) -> None:
+    """Every GET route answers HEAD too, as HTTP servers do: the Ollama CLI and uptime monitors check
+    that a server is up with ``HEAD /`` (the server sends the GET's status and headers, no body)."""
+    for route in app.router.routes:
+        if isinstance(route, APIRoute) and "GET" in route.methods:
+            route.methods.add("HEAD")
 
 
 def _tokenizer(llm: LLM) -> Any:
