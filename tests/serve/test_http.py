@@ -186,7 +186,9 @@ def test_unknown_route_and_method_are_openai_errors(server: ServerProcess) -> No
     assert r.status_code == 405 and "error" in r.json()
 
 
-@pytest.mark.parametrize("path", ["/", "/health", "/v1/models", "/api/tags", "/api/version", "/props", "/static/chat.js"])
+@pytest.mark.parametrize(
+    "path", ["/", "/health", "/v1/models", "/api/tags", "/api/version", "/props", "/static/chat.js"]
+)
 def test_head_answers_as_get_without_a_body(server: ServerProcess, path: str) -> None:
     got = httpx.get(server.url + path, timeout=10)
     head = httpx.head(server.url + path, timeout=10)
