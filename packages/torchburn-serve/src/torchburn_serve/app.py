@@ -290,7 +290,7 @@ def _answer_head_where_get(app: FastAPI) -> None:
     """Every GET route answers HEAD too, as HTTP servers do: the Ollama CLI and uptime monitors check
     that a server is up with ``HEAD /`` (the server sends the GET's status and headers, no body)."""
     for route in app.router.routes:
-        if isinstance(route, APIRoute) and "GET" in route.methods:
+        if isinstance(route, APIRoute) and route.methods and "GET" in route.methods:
             route.methods.add("HEAD")
 
 
