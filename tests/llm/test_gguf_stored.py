@@ -32,12 +32,14 @@ K_FACTORS = {
     "Q6_K": ((208,), 5e-5, 2e-4),
     "Q2_K": ((80, 82), 1e-3, 5e-3),
     "Q3_K": ((108,), 1e-3, 4e-3),
-    "IQ4_NL": ((0,), 1e-3, 4e-3),  # a type not computed in as stored
+    "IQ4_NL": ((0,), 1e-3, 4e-3),
+    "IQ4_XS": ((0,), 2.5e-5, 1e-4),  # times a 6-bit scale (less 32) of each 32
+    "TQ2_0": ((64,), 0.1, 0.3),  # a type not computed in as stored
 }
 
 
 def _store(kind: str, w: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """``w`` [n, k] stored as ``kind``: quantized by ``gguf``, or, for the K-quants and IQ4_NL (which
+    """``w`` [n, k] stored as ``kind``: quantized by ``gguf``, or, for the K-quants, IQ4 and TQ2_0 (which
     ``gguf`` does not quantize), random well-formed blocks in its place. Returns the stored bytes [n, row bytes]."""
     qtype = GGMLQuantizationType[kind]
     if kind == "F32":
@@ -294,8 +296,8 @@ def test_native_and_tensor_paths_agree_on_stored_weights(tmp_path: Path) -> None
 
 
 def test_types_not_computed_as_stored_run_dequantized_with_a_warning(tmp_path: Path) -> None:
-    reference, path = _tiny_gguf(tmp_path, "qwen2", ["Q4_K", "IQ4_NL"])
-    with pytest.warns(UserWarning, match=r"of GGUF type\(s\) IQ4_NL, which run dequantized to fp32"):
+    reference, path = _tiny_gguf(tmp_path, "qwen2", ["Q4_K", "TQ2_0"])
+    with pytest.warns(UserWarning, match=r"of GGUF type\(s\) TQ2_0, which run dequantized to fp32"):
         llm = LLM.from_pretrained(path)
     kinds = {lin.quant for layer in llm.model.layers for lin in (layer.q, layer.down)}
     assert kinds == {"Q4_K", "fp32"}
@@ -309,7 +311,7 @@ def test_types_not_computed_as_stored_run_dequantized_with_a_warning(tmp_path: P
 def test_a_dequantization_larger_than_free_memory_is_refused_before_it_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _, path = _tiny_gguf(tmp_path, "qwen2", ["Q4_K", "IQ4_NL"])
+    _, path = _tiny_gguf(tmp_path, "qwen2", ["Q4_K", "TQ2_0"])
     monkeypatch.setattr(memory, "available_bytes", lambda: 10_000)  # a machine with 10 kB to spare
     with pytest.warns(UserWarning), pytest.raises(ModelLoadError, match=r"dequantizing \d+ tensors to fp32 needs"):
         LLM.from_pretrained(path)

@@ -2,8 +2,8 @@
 dequantizers: the format's ground truth.
 
 Blocks of the types ``gguf`` quantizes itself (float types, ``Q8_0``, ``Q4_0``, ``Q4_1``, ``Q5_0``,
-``Q5_1``) come from its quantizer; K-quant blocks are random bytes with finite f16 factors (every such
-block is well formed). Products of a few tokens (decode) are checked against the dequantized weights
+``Q5_1``) come from its quantizer; K-quant and IQ4 blocks are random bytes with finite f16 factors (every
+such block is well formed). Products of a few tokens (decode) are checked against the dequantized weights
 times the activations quantized as the kernels quantize them (int8 per block of 32, or of 256 for the
 K-quants, int16 per block of 32 for ``Q8_0``), in f64: that isolates the kernels, whose integer sums
 are exact, from the activation rounding. From 8 tokens on (a prompt) products take the activations
@@ -27,8 +27,11 @@ from torchburn_native import ggml
 QUANTIZED_BY_GGUF = ["BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
 K_QUANTS = ["Q4_K", "Q5_K", "Q6_K"]  # with integer prompt tiles
 PORTABLE_K_QUANTS = ["Q2_K", "Q3_K"]  # through the portable decoder
-# where each K-quant block keeps its f16 factors
-K_HALVES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,)}
+SUPER_BLOCKS = [*K_QUANTS, *PORTABLE_K_QUANTS, "IQ4_XS"]  # with int8 activations per 256 in decode
+# where each K-quant and IQ4 block keeps its f16 factors
+K_HALVES = {
+    "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,), "IQ4_NL": (0,), "IQ4_XS": (0,)
+}  # fmt: skip
 
 
 def _blocks(kind: str, n: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -67,7 +70,7 @@ def _as_kernels_see(kind: str, x: np.ndarray) -> np.ndarray:
     prompt = x.shape[0] >= PREFILL_TOKENS
     if kind in ("F32", "F16", "BF16") or (prompt and kind not in K_QUANTS):
         return x.astype(np.float64)
-    block = 256 if kind in K_QUANTS + PORTABLE_K_QUANTS and not prompt else 32
+    block = 256 if kind in SUPER_BLOCKS and not prompt else 32
     top = np.float32(32767 if kind == "Q8_0" else 127)
     xb = x.astype(np.float32).reshape(x.shape[0], -1, block)
     scale = (np.abs(xb).max(axis=-1, keepdims=True) / top).astype(np.float32)
@@ -128,7 +131,7 @@ def test_bad_inputs_are_refused_with_what_is_allowed() -> None:
     raw, _ = _blocks("Q8_0", 2, 64)
     data = torch.from_numpy(raw).reshape(-1)
     with pytest.raises(ValueError, match="supported: F32, F16, BF16, Q8_0"):
-        ggml.lend("IQ4_XS", data, 2, 64)
+        ggml.lend("IQ2_XXS", data, 2, 64)
     with pytest.raises(ValueError, match="takes 136 bytes, got 68"):
         ggml.lend("Q8_0", data[:68], 2, 64)
     with pytest.raises(ValueError, match="whole blocks of 256"):

@@ -55,6 +55,8 @@ FTYPES = {
     "Q4_K_M": 15,
     "Q5_K_M": 17,
     "Q6_K": 18,
+    "IQ4_NL": 25,
+    "IQ4_XS": 30,
 }
 
 UNUSED = 5  # GGUF token type of a padding token

@@ -57,7 +57,8 @@ class QMatrix:
 
 class GgmlMatrix:
     """A weight matrix [n, k] in one of GGUF's tensor types ("F32", "F16", "BF16", "Q8_0", "Q4_0",
-    "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K"), read in place from bytes an owner lends."""
+    "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"), read in place from bytes an
+    owner lends."""
 
     @staticmethod
     def lend(

@@ -3,9 +3,10 @@
 A :class:`GgmlMatrix` reads its weights in place from a uint8 tensor the caller lends (typically a view
 of a memory-mapped ``.gguf`` file): nothing is dequantized or copied up front. Its products quantize
 each activation row the way llama.cpp pairs it with the weight type (int8 per block of 32 for
-``Q8_0``/``Q4_0``/``Q4_1``/``Q5_0``/``Q5_1``, int8 per block of 256 for the K-quants, f32 for the float
-types) and dequantize the weights in registers (``Q2_K`` and ``Q3_K`` through the portable block
-decoder on every CPU: correct and read as stored, but without vector kernels yet).
+``Q8_0``/``Q4_0``/``Q4_1``/``Q5_0``/``Q5_1``/``IQ4_NL``, int8 per block of 256 for the K-quants and
+``IQ4_XS``, f32 for the float types) and dequantize the weights in registers (``Q2_K`` and ``Q3_K``
+through the portable block decoder on every CPU: correct and read as stored, but without vector kernels
+yet).
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import torch
 
 from ._native import GgmlMatrix
 
-GgmlType = Literal["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K"]
+GgmlType = Literal[
+    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+    "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS",
+]  # fmt: skip
 TYPES: tuple[str, ...] = get_args(GgmlType)
 
 __all__ = ["TYPES", "GgmlMatrix", "GgmlType", "dequantize", "lend", "matmul", "row_bytes"]

@@ -65,10 +65,15 @@ pub fn act_form(kind: GgmlType) -> ActForm {
     match kind {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => ActForm::F32,
         GgmlType::Q8_0 => ActForm::Int16x32,
-        GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K | GgmlType::Q2K | GgmlType::Q3K => {
-            ActForm::Int8x256
+        GgmlType::Q4K
+        | GgmlType::Q5K
+        | GgmlType::Q6K
+        | GgmlType::Q2K
+        | GgmlType::Q3K
+        | GgmlType::IQ4XS => ActForm::Int8x256,
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::IQ4NL => {
+            ActForm::Int8x32
         }
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => ActForm::Int8x32,
     }
 }
 

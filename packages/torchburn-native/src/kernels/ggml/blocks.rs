@@ -18,6 +18,8 @@
 //! | Q6_K | 256 | 210 | 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, `d` |
 //! | Q2_K | 256 | 84 | 16 bytes of 4-bit scale (low) and min (high) per 16 elements, 64 bytes of bit pairs, `d`, `dmin` |
 //! | Q3_K | 256 | 110 | 32 bytes of high bits (set: no -4), 64 bytes of bit pairs, 12 bytes of sixteen 6-bit scales (less 32), `d` |
+//! | IQ4_NL | 32 | 18 | `d`, nibbles as Q4_0, each an index into [`IQ4_VALUES`]; `w = d·IQ4_VALUES[q]` |
+//! | IQ4_XS | 256 | 136 | `d`, 16 bits of scales' top pairs, 4 bytes of their low nibbles (eight 6-bit scales, less 32), 128 bytes of IQ4_NL nibbles (16 per 32) |
 //!
 //! In the K-quants each 64 elements take 32 bytes of nibbles: the first 32 elements the low nibbles,
 //! the next 32 the high ones (sub-blocks `2c` and `2c + 1` of chunk `c`).
@@ -40,7 +42,15 @@ pub enum GgmlType {
     Q6K,
     Q2K,
     Q3K,
+    IQ4NL,
+    IQ4XS,
 }
+
+/// The sixteen values a 4-bit index of IQ4_NL and IQ4_XS stands for (before the block's scale):
+/// denser near zero, where most weights are.
+pub const IQ4_VALUES: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
 
 /// Elements of a K-quant super-block.
 pub const QK_K: usize = 256;
@@ -48,7 +58,7 @@ pub const QK_K: usize = 256;
 pub const MAX_SUBS: usize = 16;
 
 impl GgmlType {
-    pub const ALL: [GgmlType; 13] = [
+    pub const ALL: [GgmlType; 15] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,
@@ -62,6 +72,8 @@ impl GgmlType {
         GgmlType::Q6K,
         GgmlType::Q2K,
         GgmlType::Q3K,
+        GgmlType::IQ4NL,
+        GgmlType::IQ4XS,
     ];
 
     /// The name GGUF and llama.cpp give the type.
@@ -80,6 +92,8 @@ impl GgmlType {
             GgmlType::Q6K => "Q6_K",
             GgmlType::Q2K => "Q2_K",
             GgmlType::Q3K => "Q3_K",
+            GgmlType::IQ4NL => "IQ4_NL",
+            GgmlType::IQ4XS => "IQ4_XS",
         }
     }
 
@@ -91,10 +105,18 @@ impl GgmlType {
     pub fn block_len(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => {
-                32
-            }
-            GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K | GgmlType::Q2K | GgmlType::Q3K => QK_K,
+            GgmlType::Q8_0
+            | GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::IQ4NL => 32,
+            GgmlType::Q4K
+            | GgmlType::Q5K
+            | GgmlType::Q6K
+            | GgmlType::Q2K
+            | GgmlType::Q3K
+            | GgmlType::IQ4XS => QK_K,
         }
     }
 
@@ -113,6 +135,8 @@ impl GgmlType {
             GgmlType::Q6K => 210,
             GgmlType::Q2K => 84,
             GgmlType::Q3K => 110,
+            GgmlType::IQ4NL => 18,
+            GgmlType::IQ4XS => 136,
         }
     }
 
@@ -284,11 +308,37 @@ pub fn decode(kind: GgmlType, block: &[u8]) -> Decoded {
                 }
             });
         }
+        GgmlType::IQ4NL => {
+            out.scale[0] = half_at(block, 0);
+            iq4_values(&mut out.q[..32], &block[2..18]);
+        }
+        GgmlType::IQ4XS => {
+            let d = half_at(block, 0);
+            let (high, low) = (u16::from_le_bytes([block[2], block[3]]), &block[4..8]);
+            for s in 0..8 {
+                let ls =
+                    (low[s / 2] >> (4 * (s % 2))) & 0x0F | (((high >> (2 * s)) & 3) as u8) << 4;
+                out.scale[s] = d * (ls as i32 - 32) as f32;
+                iq4_values(
+                    &mut out.q[32 * s..32 * s + 32],
+                    &block[8 + 16 * s..24 + 16 * s],
+                );
+            }
+        }
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
             panic!("decode takes a quantized type, got {}", kind.name())
         }
     }
     out
+}
+
+/// Thirty-two IQ4 values from sixteen bytes of indices: byte `j`'s low nibble is element `j`, its
+/// high nibble element `j + 16` (Q4_0's order).
+fn iq4_values(q: &mut [i8], nib: &[u8]) {
+    for (j, &byte) in nib.iter().enumerate() {
+        q[j] = IQ4_VALUES[(byte & 0x0F) as usize];
+        q[j + 16] = IQ4_VALUES[(byte >> 4) as usize];
+    }
 }
 
 /// Q2_K / Q3_K values from their 64 bytes of bit pairs: the `n`-th 128 elements read bytes

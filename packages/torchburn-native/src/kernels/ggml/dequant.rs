@@ -6,10 +6,20 @@
 use half::{bf16, f16};
 use torchburn_native_macros::isa_versions;
 
-use super::blocks::{dequantize_row, k_scale_min, GgmlType};
+use super::blocks::{dequantize_row, k_scale_min, GgmlType, IQ4_VALUES};
 
 fn half_at(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// Thirty-two IQ4 weights: `scale` times the values sixteen bytes of indices name (Q4_0's order).
+#[inline(always)]
+fn iq4_run(scale: f32, nib: &[u8], out: &mut [f32]) {
+    let (lo, hi) = out.split_at_mut(16);
+    for ((l, h), &byte) in lo.iter_mut().zip(hi).zip(nib) {
+        *l = scale * IQ4_VALUES[(byte & 0x0F) as usize] as f32;
+        *h = scale * IQ4_VALUES[(byte >> 4) as usize] as f32;
+    }
 }
 
 /// Row `row` (stored as `kind`) into `out`, `out.len()` elements.
@@ -94,6 +104,26 @@ pub fn dequantize_row_fast(kind: GgmlType, row: &[u8], out: &mut [f32]) {
                             o[e] = sc(e) * q as f32;
                         }
                     }
+                }
+            }
+        }
+        GgmlType::IQ4NL => {
+            for (o, block) in out.chunks_exact_mut(32).zip(row.chunks_exact(18)) {
+                iq4_run(half_at(block, 0), &block[2..18], o);
+            }
+        }
+        GgmlType::IQ4XS => {
+            for (o, block) in out.chunks_exact_mut(256).zip(row.chunks_exact(136)) {
+                let d = half_at(block, 0);
+                let high = u16::from_le_bytes([block[2], block[3]]);
+                for (s, o) in o.chunks_exact_mut(32).enumerate() {
+                    let low = (block[4 + s / 2] >> (4 * (s % 2))) & 0x0F;
+                    let ls = low | (((high >> (2 * s)) & 3) as u8) << 4;
+                    iq4_run(
+                        d * (ls as i32 - 32) as f32,
+                        &block[8 + 16 * s..24 + 16 * s],
+                        o,
+                    );
                 }
             }
         }

@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::acts::Acts;
-use super::blocks::{GgmlType, QK_K};
+use super::blocks::{GgmlType, IQ4_VALUES, QK_K};
 use super::GgmlMatrix;
 use crate::kernels::prefetch;
 
@@ -75,6 +75,33 @@ pub(super) unsafe fn nibbles16(p: *const u8) -> __m256i {
     let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
     let shifted = _mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4));
     _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F))
+}
+
+/// The IQ4 values ([`IQ4_VALUES`]) in each 128-bit half, for `vpshufb` to look indices up in.
+#[inline(always)]
+unsafe fn iq4_table() -> __m256i {
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4_VALUES.as_ptr() as *const __m128i))
+}
+
+/// `vpmaddubsw`'s i16 pairs of 32 IQ4 values (`indices`, one per byte) against 32 int8 activations:
+/// the values are signed, so their magnitudes meet the activations with the values' signs moved
+/// onto them (exact: at most 2 · 127 · 127 a pair).
+#[inline(always)]
+unsafe fn iq4_pairs(indices: __m256i, x: __m256i) -> __m256i {
+    let w = _mm256_shuffle_epi8(iq4_table(), indices);
+    _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+}
+
+/// Eight i32 lanes of `Σ w · x` over 32 IQ4 values (`indices`) and int8 activations: `vpdpbusd`
+/// on the magnitudes and signed activations with VNNI, else [`iq4_pairs`] summed by ones.
+#[inline(always)]
+unsafe fn iq4_dot32<const VNNI: bool>(indices: __m256i, x: __m256i) -> __m256i {
+    if VNNI {
+        let w = _mm256_shuffle_epi8(iq4_table(), indices);
+        dot32_plain::<true>(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+    } else {
+        _mm256_madd_epi16(iq4_pairs(indices, x), _mm256_set1_epi16(1))
+    }
 }
 
 /// 0x10 in byte i where bit i of `bits` is set.
@@ -154,6 +181,8 @@ unsafe fn rows_dot_on<const VNNI: bool>(
         GgmlType::Q6K => each_row!(row => q6k_dot(row, a)),
         // no vector kernel for these yet: the portable decoder, still reading the rows as stored
         GgmlType::Q2K | GgmlType::Q3K => each_row!(row => super::dot::row_dot(m.kind, row, a)),
+        GgmlType::IQ4XS => each_row!(row => iq4xs_dot(row, a)),
+        GgmlType::IQ4NL => legacy_rows::<IQ4_NL, VNNI>(m, rows, a, out),
         GgmlType::Q8_0 => legacy_rows::<Q8_0, VNNI>(m, rows, a, out),
         GgmlType::Q4_0 => legacy_rows::<Q4_0, VNNI>(m, rows, a, out),
         GgmlType::Q4_1 => legacy_rows::<Q4_1, VNNI>(m, rows, a, out),
@@ -220,6 +249,7 @@ pub(super) const Q4_0: u8 = 1;
 pub(super) const Q4_1: u8 = 2;
 pub(super) const Q5_0: u8 = 3;
 pub(super) const Q5_1: u8 = 4;
+pub(super) const IQ4_NL: u8 = 5;
 
 /// One block of a 32-element type against activation block `x` (int8, or int16 for Q8_0 at
 /// `x16`): the exact integer sums (eight lanes), the block's scale `d`, and its offset or bias per
@@ -248,6 +278,9 @@ unsafe fn legacy_block<const T: u8, const VNNI: bool>(
         );
         return (isum, d, 0.0);
     }
+    if T == IQ4_NL {
+        return (iq4_dot32::<VNNI>(nibbles16(block.add(2)), x), d, 0.0);
+    }
     let (w, fix) = match T {
         Q4_0 => (nibbles16(block.add(2)), -8.0 * d),
         Q4_1 => (nibbles16(block.add(4)), second),
@@ -270,7 +303,7 @@ unsafe fn legacy_block<const T: u8, const VNNI: bool>(
 }
 
 /// Bytes of one block of each 32-element type.
-pub(super) const LEGACY_BYTES: [usize; 5] = [34, 18, 20, 22, 24];
+pub(super) const LEGACY_BYTES: [usize; 6] = [34, 18, 20, 22, 24, 18];
 
 /// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 rows `rows` of `m`: four rows per step (their accumulator chains
 /// overlap and share the activation loads), then the rest one by one in the same order per row.
@@ -396,6 +429,32 @@ fn prefetch_block(block: &[u8]) {
         prefetch::weights_ahead(block.as_ptr().wrapping_add(at), 1);
         at += prefetch::LINE_BYTES;
     }
+}
+
+/// IQ4_XS: super-blocks of 256 in eight sub-blocks of 32 IQ4 values, each with a 6-bit scale
+/// (less 32). Each sub-block's pairs ([`iq4_pairs`]) take its integer scale in one 16-bit
+/// multiply-add, so the super-block's sum is exact in i32 (at most 8 · 32 · 127 · 127 · 32) and
+/// rounds once, in one multiply-add per super-block.
+#[inline(always)]
+unsafe fn iq4xs_dot(row: &[u8], a: &Acts) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (b, block) in row.chunks_exact(136).enumerate() {
+        prefetch_block(block);
+        let p = block.as_ptr();
+        let high = (p.add(2) as *const u16).read_unaligned();
+        let xq = a.q.as_ptr().add(QK_K * b);
+        let mut isum = _mm256_setzero_si256();
+        for s in 0..8 {
+            let low = (*p.add(4 + s / 2) >> (4 * (s % 2))) & 0x0F;
+            let scale = (low | (((high >> (2 * s)) & 3) as u8) << 4) as i16 - 32;
+            let x = _mm256_loadu_si256(xq.add(32 * s) as *const __m256i);
+            let pairs = iq4_pairs(nibbles16(p.add(8 + 16 * s)), x);
+            isum = add_scaled(isum, pairs, _mm256_set1_epi16(scale));
+        }
+        let scale = half_ptr(p) * *a.d.get_unchecked(b);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(scale), acc);
+    }
+    hsum(acc)
 }
 
 /// Q4_K and Q5_K: super-blocks of 256 in eight sub-blocks of 32 with 6-bit scales and mins. The

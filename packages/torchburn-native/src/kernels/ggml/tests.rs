@@ -19,6 +19,7 @@ fn half_fields(kind: GgmlType) -> &'static [usize] {
         GgmlType::Q6K => &[208],
         GgmlType::Q2K => &[80, 82],
         GgmlType::Q3K => &[108],
+        GgmlType::IQ4NL | GgmlType::IQ4XS => &[0],
         _ => &[],
     }
 }
