@@ -63,12 +63,12 @@ def _matrix(kind: str, n: int, k: int, seed: int = 0) -> tuple[ggml.GgmlMatrix, 
 PREFILL_TOKENS = 8  # from this many tokens on, products take f32 activations
 
 
-def _as_kernels_see(kind: str, x: np.ndarray) -> np.ndarray:
+def _as_kernels_see(kind: str, x: np.ndarray, integer_prompts: bool) -> np.ndarray:
     """``x`` [T, k] as the products read it: integers per block (f32 arithmetic, halves away from zero).
-    A prompt (``PREFILL_TOKENS`` or more) multiplies f32 activations, except the K-quants with integer
-    prompt tiles, whose activations are int8 per block of 32 there."""
+    A prompt (``PREFILL_TOKENS`` or more) multiplies f32 activations, except on integer prompt tiles
+    (``integer_prompts``: the K-quants', and IQ4's with VNNI), whose activations are int8 per block of 32."""
     prompt = x.shape[0] >= PREFILL_TOKENS
-    if kind in ("F32", "F16", "BF16") or (prompt and kind not in K_QUANTS):
+    if kind in ("F32", "F16", "BF16") or (prompt and not integer_prompts):
         return x.astype(np.float64)
     block = 256 if kind in SUPER_BLOCKS and not prompt else 32
     top = np.float32(32767 if kind == "Q8_0" else 127)
@@ -97,7 +97,9 @@ def test_matmul_matches_dequantized_product(kind: str, tokens: int) -> None:
     m, dense = _matrix(kind, n, k, seed=tokens)
     x = torch.randn(tokens, k)
     got = ggml.matmul(m, x).numpy().astype(np.float64)
-    seen = _as_kernels_see(kind, x.numpy())
+    if kind in K_QUANTS:
+        assert m.integer_prompts  # on every CPU
+    seen = _as_kernels_see(kind, x.numpy(), m.integer_prompts)
     want = seen @ dense.astype(np.float64).T
     size = np.abs(seen) @ np.abs(dense.astype(np.float64)).T
     assert np.all(np.abs(got - want) <= 2e-6 * size + 1e-9), float(np.max(np.abs(got - want) / (size + 1e-30)))

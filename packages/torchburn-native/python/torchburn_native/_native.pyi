@@ -57,8 +57,8 @@ class QMatrix:
 
 class GgmlMatrix:
     """A weight matrix [n, k] in one of GGUF's tensor types ("F32", "F16", "BF16", "Q8_0", "Q4_0",
-    "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"), read in place from bytes an
-    owner lends."""
+    "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"), read in place from
+    bytes an owner lends."""
 
     @staticmethod
     def lend(
@@ -87,6 +87,11 @@ class GgmlMatrix:
     def regrouped(self) -> bool:
         """Whether the weights were regrouped sixteen rows to a register for this CPU's kernels (Q4_0,
         Q4_1 from AVX2 up, Q8_0 with AVX-512)."""
+    @property
+    def integer_prompts(self) -> bool:
+        """Whether prompts (8 tokens or more) multiply these weights in integers at the running level,
+        with the tokens quantized to int8 per block of 32 (the K-quants; IQ4_NL and IQ4_XS with AVX-512
+        VNNI); else they take the tokens as f32."""
     def dequantize_into(self, start: int, count: int, out: int) -> None: ...
     def matmul_into(self, x: int, tokens: int, out: int) -> None: ...
 

@@ -98,6 +98,14 @@ impl GgmlMatrix {
         self.inner.is_interleaved()
     }
 
+    /// Whether prompts (8 tokens or more) multiply these weights in integers at the running level,
+    /// with the tokens quantized to int8 per block of 32 (the K-quants; IQ4_NL and IQ4_XS with
+    /// AVX-512 VNNI); else they take the tokens as f32.
+    #[getter]
+    fn integer_prompts(&self) -> bool {
+        crate::kernels::ggml::kprefill::takes(self.inner.kind)
+    }
+
     /// Rows `start..start + count` as f32 into the `count · k` floats at `out`.
     fn dequantize_into(
         &self,

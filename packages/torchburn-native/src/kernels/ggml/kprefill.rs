@@ -1,5 +1,6 @@
-//! Prompt products of the K-quant types (Q4_K, Q5_K, Q6_K) in integers: many tokens against the same
-//! rows, as a GEMM whose operands are the weights' own small integers and the tokens quantized to int8.
+//! Prompt products of the K-quant types (Q4_K, Q5_K, Q6_K) and, with VNNI, IQ4_NL and IQ4_XS in
+//! integers: many tokens against the same rows, as a GEMM whose operands are the weights' own small
+//! integers and the tokens quantized to int8.
 //!
 //! Dequantized to f32 (the path `qprefill` takes for the other types) a product is bound by f32 FMAs,
 //! 16 multiply-adds an instruction with AVX-512. `vpdpbusd` does 64 (unsigned weights times signed
@@ -11,7 +12,9 @@
 //!   32-element types take them) and packed sixteen to a vector: for each 4 elements of k, the 4
 //!   bytes of each of 16 tokens side by side, the lane layout of `vpdpbusd`.
 //! - Each task decodes a few rows at a time ([`ROWS`]) into unsigned bytes (`q`, 0..63) with each
-//!   sub-block's `scale` and `min` as f32, `w = scale · q - min` (Q6_K's `-32` is its min, `32 · scale`).
+//!   sub-block's `scale` and `min` as f32, `w = scale · q - min` (Q6_K's `-32` is its min, `32 · scale`;
+//!   an IQ4 value `v` is `q = v + 128`, up to 241, with `128 · scale` its min: too large for the
+//!   i16 pairs of `vpmaddubsw`, so the IQ4 types take this path only where `vpdpbusd` sums in i32).
 //! - The tile: four bytes of a row broadcast to every lane meet a vector of tokens; per sub-block,
 //!   each (row, token) adds `scale · dx` times its exact integer sum and takes away `min` times the
 //!   token's `dx · Σq` over the sub-block, in that order, one rounding each.
@@ -25,7 +28,7 @@ use half::f16;
 use torchburn_native_macros::isa_versions;
 
 use super::acts::{quantize, ActForm, SUM_LEN};
-use super::blocks::{k_scale_min, GgmlType, QK_K};
+use super::blocks::{k_scale_min, GgmlType, IQ4_VALUES, QK_K};
 use super::GgmlMatrix;
 use crate::threads;
 
@@ -36,9 +39,26 @@ const ROWS: usize = 4;
 /// Elements of each quantized activation block.
 const ACT_BLOCK: usize = 32;
 
-/// Whether this path takes `kind`.
+/// Whether this path takes `kind` at the running level.
 pub fn takes(kind: GgmlType) -> bool {
-    kind.is_k_quant()
+    kind.is_k_quant() || (is_iq4(kind) && vnni_tiles())
+}
+
+fn is_iq4(kind: GgmlType) -> bool {
+    matches!(kind, GgmlType::IQ4NL | GgmlType::IQ4XS)
+}
+
+/// Whether the tile runs on `vpdpbusd` (the AVX-512 VNNI copy), the only SIMD copy whose sums do
+/// not pass through i16.
+fn vnni_tiles() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::isa::avx512() && super::vnni()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// The tokens `[T, k]` quantized per block of 32 and packed for the tile, for sub-blocks of `sub`
@@ -185,8 +205,81 @@ fn decode_row(kind: GgmlType, row: &[u8], q: &mut [u8], scale: &mut [f32], min: 
                 }
             }
         }
-        other => panic!("{} is not a K-quant type", other.name()),
+        GgmlType::IQ4NL | GgmlType::IQ4XS => {
+            let xs = kind == GgmlType::IQ4XS;
+            let (bytes, subs) = if xs { (136, 8) } else { (18, 1) };
+            for (b, block) in row.chunks_exact(bytes).enumerate() {
+                let d = half_at(block, 0);
+                let high = u16::from_le_bytes([block[2], block[3]]);
+                for j in 0..subs {
+                    let s = if xs {
+                        let low = (block[4 + j / 2] >> (4 * (j % 2))) & 0x0F;
+                        let ls = low | (((high >> (2 * j)) & 3) as u8) << 4;
+                        d * (ls as i32 - 32) as f32
+                    } else {
+                        d
+                    };
+                    scale[subs * b + j] = s;
+                    min[subs * b + j] = 128.0 * s;
+                    let nib = if xs {
+                        &block[8 + 16 * j..24 + 16 * j]
+                    } else {
+                        &block[2..18]
+                    };
+                    iq4_stored(nib, &mut q[32 * (subs * b + j)..32 * (subs * b + j + 1)]);
+                }
+            }
+        }
+        other => panic!("{} has no integer prompt tiles", other.name()),
     }
+}
+
+/// Thirty-two IQ4 values plus 128 (`q`, 1..=241) from sixteen bytes of indices in Q4_0's order:
+/// looked up sixteen at a time by `pshufb` where the CPU has it (the IQ4 types reach these tiles
+/// only on AVX-512 VNNI CPUs; the loop is the portable reference).
+fn iq4_stored(nib: &[u8], out: &mut [u8]) {
+    assert!(nib.len() == 16 && out.len() == 32, "a run of 32 IQ4 values");
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa::avx2() {
+        // SAFETY: the level includes SSSE3; the lengths are checked above
+        return unsafe { iq4_stored_ssse3(nib, out) };
+    }
+    for (l, &byte) in nib.iter().enumerate() {
+        out[l] = IQ4_STORED[(byte & 0x0F) as usize];
+        out[l + 16] = IQ4_STORED[(byte >> 4) as usize];
+    }
+}
+
+/// [`IQ4_VALUES`] plus 128, as the unsigned bytes the tiles multiply.
+const IQ4_STORED: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (IQ4_VALUES[i] as i16 + 128) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// # Safety
+/// The CPU must have SSSE3; `nib` 16 bytes, `out` 32.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "ssse3")]
+unsafe fn iq4_stored_ssse3(nib: &[u8], out: &mut [u8]) {
+    use std::arch::x86_64::*;
+    let table = _mm_loadu_si128(IQ4_STORED.as_ptr() as *const __m128i);
+    let bytes = _mm_loadu_si128(nib.as_ptr() as *const __m128i);
+    let low = _mm_set1_epi8(0x0F);
+    let lo = _mm_and_si128(bytes, low);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(bytes), low);
+    _mm_storeu_si128(
+        out.as_mut_ptr() as *mut __m128i,
+        _mm_shuffle_epi8(table, lo),
+    );
+    _mm_storeu_si128(
+        out.as_mut_ptr().add(16) as *mut __m128i,
+        _mm_shuffle_epi8(table, hi),
+    );
 }
 
 impl DecodedRows {
@@ -204,6 +297,7 @@ impl DecodedRows {
         self.top = match m.kind {
             GgmlType::Q4K => 15,
             GgmlType::Q5K => 31,
+            GgmlType::IQ4NL | GgmlType::IQ4XS => 241,
             _ => 63,
         };
         for (i, r) in rows.enumerate() {
@@ -235,7 +329,11 @@ pub(crate) fn matmul_many_on(
     assert_eq!(ms.len(), outs.len(), "one output per matrix");
     let k = ms.first().map_or(0, |m| m.k);
     for (m, out) in ms.iter().zip(outs.iter()) {
-        assert!(takes(m.kind), "{} is not a K-quant type", m.kind.name());
+        assert!(
+            takes(m.kind),
+            "{} has no integer prompt tiles at this level",
+            m.kind.name()
+        );
         assert_eq!(m.k, k, "the matrices must share their width");
         assert_eq!(out.len(), tokens * m.n, "output length");
     }
@@ -305,6 +403,7 @@ unsafe fn tile(
 ) {
     #[cfg(target_arch = "x86_64")]
     if simd && crate::isa::avx512() {
+        // (IQ4's values reach here only with VNNI: see `takes`)
         if super::vnni() {
             return x86::tile_avx512_vnni(w, rows, x, tokens, out, n);
         }
@@ -605,6 +704,15 @@ mod tests {
     use super::*;
     use crate::kernels::testing::centered;
 
+    /// Every type with integer prompt tiles somewhere (the IQ4 types only with VNNI).
+    const TILED: [GgmlType; 5] = [
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q6K,
+        GgmlType::IQ4NL,
+        GgmlType::IQ4XS,
+    ];
+
     /// `Σ_k W[r, k] · x̂[t, k]` in f64 over the dequantized weights and the tokens as quantized.
     fn reference(m: &GgmlMatrix, x: &[f32], tokens: usize) -> Vec<f64> {
         let k = m.k;
@@ -625,7 +733,7 @@ mod tests {
     #[test]
     fn every_path_gives_the_portable_bits_and_the_dequantized_product() {
         let k = 512;
-        for kind in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+        for kind in TILED.into_iter().filter(|&kind| takes(kind)) {
             // 11 rows: groups of four and a part group; 37 tokens: two vectors, a pair and a lone one
             for (n, tokens) in [(11, 37), (4, 16), (3, 1)] {
                 let m = matrix(kind, n, k, 3);
@@ -687,13 +795,14 @@ mod tests {
         // sums the AVX2 tile adds before widening
         use super::super::WeightBytes;
         let (k, tokens) = (256, 17);
-        for kind in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+        for kind in TILED.into_iter().filter(|&kind| takes(kind)) {
+            // (IQ4: index 15, the value 113, stored as 241, the largest `q`; 6-bit scales of 31)
             let mut bytes = vec![0xFFu8; kind.row_bytes(k) * 2];
             for block in bytes.chunks_exact_mut(kind.block_bytes()) {
-                let at: &[usize] = if kind == GgmlType::Q6K {
-                    &[208]
-                } else {
-                    &[0, 2]
+                let at: &[usize] = match kind {
+                    GgmlType::Q6K => &[208],
+                    GgmlType::IQ4NL | GgmlType::IQ4XS => &[0],
+                    _ => &[0, 2],
                 };
                 for &a in at {
                     block[a..a + 2].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
@@ -769,7 +878,7 @@ mod tests {
     #[test]
     fn decoded_rows_are_the_reference_decoders_values() {
         let k = 512;
-        for kind in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+        for kind in TILED {
             let m = matrix(kind, 2, k, 8);
             let mut dec = DecodedRows::new(k, kind.sub_len());
             dec.fill(&m, 0..2);
