@@ -314,11 +314,8 @@ pub fn decode(kind: GgmlType, block: &[u8]) -> Decoded {
         }
         GgmlType::IQ4XS => {
             let d = half_at(block, 0);
-            let (high, low) = (u16::from_le_bytes([block[2], block[3]]), &block[4..8]);
             for s in 0..8 {
-                let ls =
-                    (low[s / 2] >> (4 * (s % 2))) & 0x0F | (((high >> (2 * s)) & 3) as u8) << 4;
-                out.scale[s] = d * (ls as i32 - 32) as f32;
+                out.scale[s] = d * iq4xs_scale(block, s) as f32;
                 iq4_values(
                     &mut out.q[32 * s..32 * s + 32],
                     &block[8 + 16 * s..24 + 16 * s],
@@ -330,6 +327,14 @@ pub fn decode(kind: GgmlType, block: &[u8]) -> Decoded {
         }
     }
     out
+}
+
+/// Sub-block `s`'s scale (-32..=31) of an IQ4_XS block: its low four bits in a nibble of bytes
+/// 4..8 (`s` even: the low one), its top two in bits `2s, 2s + 1` of the 16-bit word at byte 2.
+pub fn iq4xs_scale(block: &[u8], s: usize) -> i32 {
+    let low = (block[4 + s / 2] >> (4 * (s % 2))) & 0x0F;
+    let top = (u16::from_le_bytes([block[2], block[3]]) >> (2 * s)) & 3;
+    (low | (top as u8) << 4) as i32 - 32
 }
 
 /// Thirty-two IQ4 values from sixteen bytes of indices: byte `j`'s low nibble is element `j`, its

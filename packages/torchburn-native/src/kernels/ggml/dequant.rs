@@ -6,7 +6,7 @@
 use half::{bf16, f16};
 use torchburn_native_macros::isa_versions;
 
-use super::blocks::{dequantize_row, k_scale_min, GgmlType, IQ4_VALUES};
+use super::blocks::{dequantize_row, iq4xs_scale, k_scale_min, GgmlType, IQ4_VALUES};
 
 fn half_at(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
@@ -115,12 +115,9 @@ pub fn dequantize_row_fast(kind: GgmlType, row: &[u8], out: &mut [f32]) {
         GgmlType::IQ4XS => {
             for (o, block) in out.chunks_exact_mut(256).zip(row.chunks_exact(136)) {
                 let d = half_at(block, 0);
-                let high = u16::from_le_bytes([block[2], block[3]]);
                 for (s, o) in o.chunks_exact_mut(32).enumerate() {
-                    let low = (block[4 + s / 2] >> (4 * (s % 2))) & 0x0F;
-                    let ls = low | (((high >> (2 * s)) & 3) as u8) << 4;
                     iq4_run(
-                        d * (ls as i32 - 32) as f32,
+                        d * iq4xs_scale(block, s) as f32,
                         &block[8 + 16 * s..24 + 16 * s],
                         o,
                     );

@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::acts::Acts;
-use super::blocks::{GgmlType, IQ4_VALUES, QK_K};
+use super::blocks::{iq4xs_scale, GgmlType, IQ4_VALUES, QK_K};
 use super::GgmlMatrix;
 use crate::kernels::prefetch;
 
@@ -441,12 +441,10 @@ unsafe fn iq4xs_dot(row: &[u8], a: &Acts) -> f32 {
     for (b, block) in row.chunks_exact(136).enumerate() {
         prefetch_block(block);
         let p = block.as_ptr();
-        let high = (p.add(2) as *const u16).read_unaligned();
         let xq = a.q.as_ptr().add(QK_K * b);
         let mut isum = _mm256_setzero_si256();
         for s in 0..8 {
-            let low = (*p.add(4 + s / 2) >> (4 * (s % 2))) & 0x0F;
-            let scale = (low | (((high >> (2 * s)) & 3) as u8) << 4) as i16 - 32;
+            let scale = iq4xs_scale(block, s) as i16;
             let x = _mm256_loadu_si256(xq.add(32 * s) as *const __m256i);
             let pairs = iq4_pairs(nibbles16(p.add(8 + 16 * s)), x);
             isum = add_scaled(isum, pairs, _mm256_set1_epi16(scale));

@@ -28,7 +28,7 @@ use half::f16;
 use torchburn_native_macros::isa_versions;
 
 use super::acts::{quantize, ActForm, SUM_LEN};
-use super::blocks::{k_scale_min, GgmlType, IQ4_VALUES, QK_K};
+use super::blocks::{iq4xs_scale, k_scale_min, GgmlType, IQ4_VALUES, QK_K};
 use super::GgmlMatrix;
 use crate::threads;
 
@@ -210,12 +210,9 @@ fn decode_row(kind: GgmlType, row: &[u8], q: &mut [u8], scale: &mut [f32], min: 
             let (bytes, subs) = if xs { (136, 8) } else { (18, 1) };
             for (b, block) in row.chunks_exact(bytes).enumerate() {
                 let d = half_at(block, 0);
-                let high = u16::from_le_bytes([block[2], block[3]]);
                 for j in 0..subs {
                     let s = if xs {
-                        let low = (block[4 + j / 2] >> (4 * (j % 2))) & 0x0F;
-                        let ls = low | (((high >> (2 * j)) & 3) as u8) << 4;
-                        d * (ls as i32 - 32) as f32
+                        d * iq4xs_scale(block, j) as f32
                     } else {
                         d
                     };
