@@ -83,25 +83,28 @@ unsafe fn iq4_table() -> __m256i {
     _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4_VALUES.as_ptr() as *const __m128i))
 }
 
-/// `vpmaddubsw`'s i16 pairs of 32 IQ4 values (`indices`, one per byte) against 32 int8 activations:
-/// the values are signed, so their magnitudes meet the activations with the values' signs moved
-/// onto them (exact: at most 2 · 127 · 127 a pair).
+/// 32 IQ4 values (`indices`, one per byte) and 32 int8 activations as the unsigned-times-signed
+/// operands of `vpmaddubsw` / `vpdpbusd`: the values are signed, so their magnitudes meet the
+/// activations with the values' signs moved onto them (exact: at most 2 · 127 · 127 a pair).
 #[inline(always)]
-unsafe fn iq4_pairs(indices: __m256i, x: __m256i) -> __m256i {
+unsafe fn iq4_operands(indices: __m256i, x: __m256i) -> (__m256i, __m256i) {
     let w = _mm256_shuffle_epi8(iq4_table(), indices);
-    _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+    (_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
 }
 
-/// Eight i32 lanes of `Σ w · x` over 32 IQ4 values (`indices`) and int8 activations: `vpdpbusd`
-/// on the magnitudes and signed activations with VNNI, else [`iq4_pairs`] summed by ones.
+/// `vpmaddubsw`'s i16 pairs of 32 IQ4 values against 32 int8 activations ([`iq4_operands`]).
+#[inline(always)]
+unsafe fn iq4_pairs(indices: __m256i, x: __m256i) -> __m256i {
+    let (w, x) = iq4_operands(indices, x);
+    _mm256_maddubs_epi16(w, x)
+}
+
+/// Eight i32 lanes of `Σ w · x` over 32 IQ4 values (`indices`) and int8 activations
+/// ([`iq4_operands`] through [`dot32_plain`]).
 #[inline(always)]
 unsafe fn iq4_dot32<const VNNI: bool>(indices: __m256i, x: __m256i) -> __m256i {
-    if VNNI {
-        let w = _mm256_shuffle_epi8(iq4_table(), indices);
-        dot32_plain::<true>(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
-    } else {
-        _mm256_madd_epi16(iq4_pairs(indices, x), _mm256_set1_epi16(1))
-    }
+    let (w, x) = iq4_operands(indices, x);
+    dot32_plain::<VNNI>(w, x)
 }
 
 /// 0x10 in byte i where bit i of `bits` is set.

@@ -206,24 +206,21 @@ fn decode_row(kind: GgmlType, row: &[u8], q: &mut [u8], scale: &mut [f32], min: 
             }
         }
         GgmlType::IQ4NL | GgmlType::IQ4XS => {
-            let xs = kind == GgmlType::IQ4XS;
-            let (bytes, subs) = if xs { (136, 8) } else { (18, 1) };
-            for (b, block) in row.chunks_exact(bytes).enumerate() {
+            // each block ends in its sub-blocks' sixteen bytes of indices apiece
+            let subs = kind.block_len() / 32;
+            for (b, block) in row.chunks_exact(kind.block_bytes()).enumerate() {
                 let d = half_at(block, 0);
+                let indices = &block[block.len() - 16 * subs..];
                 for j in 0..subs {
-                    let s = if xs {
+                    let s = if kind == GgmlType::IQ4XS {
                         d * iq4xs_scale(block, j) as f32
                     } else {
                         d
                     };
-                    scale[subs * b + j] = s;
-                    min[subs * b + j] = 128.0 * s;
-                    let nib = if xs {
-                        &block[8 + 16 * j..24 + 16 * j]
-                    } else {
-                        &block[2..18]
-                    };
-                    iq4_stored(nib, &mut q[32 * (subs * b + j)..32 * (subs * b + j + 1)]);
+                    let at = subs * b + j;
+                    scale[at] = s;
+                    min[at] = 128.0 * s;
+                    iq4_stored(&indices[16 * j..16 * j + 16], &mut q[32 * at..32 * at + 32]);
                 }
             }
         }
