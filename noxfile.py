@@ -11,6 +11,8 @@ import contextlib
 import os
 import platform
 import shutil
+import tarfile
+import tempfile
 from pathlib import Path
 
 import nox
@@ -138,7 +140,12 @@ def tests(session: nox.Session) -> None:
     # tests/packaging installs these wheels into a fresh virtualenv, as the README tells users to
     dist = _build_dist(session, Path(".nox/_dist"), wheel)
     uv = shutil.which(nox.virtualenv.UV) or nox.virtualenv.UV
-    env = {**_env(), "TORCHBURN_DIST": str(dist), "TORCHBURN_UV": uv}
+    env = {
+        **_env(),
+        "TORCHBURN_DIST": str(dist),
+        "TORCHBURN_UV": uv,
+        CONVERTER_ENV: str(_llama_cpp_converter(session)),
+    }
     session.run("pytest", *(session.posargs or ["-q"]), env=env)
     if not session.posargs:
         _tests_below_the_cpus_level(session, env)
@@ -293,6 +300,42 @@ LLAMA_CPP_CMAKE = {
     "avx512": f"{_LLAMA_CPP_COMMON} -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON "
     "-DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF",
 }
+
+
+# tests/llm/test_gguf_converted.py: tiny checkpoints turned into GGUF files by llama.cpp's own converter
+CONVERTER_ENV = "TORCHBURN_LLAMA_CPP_CONVERTER"
+CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
+
+
+def _llama_cpp_converter(session: nox.Session) -> Path:
+    """llama.cpp's ``convert_hf_to_gguf.py`` with its ``conversion`` package and ``gguf-py``, taken from the
+    sources of the pinned llama-cpp-python on PyPI (once: the folder is cached per version)."""
+    version = LLAMA_CPP.split("==")[1]
+    cache = Path(os.environ.get("TORCHBURN_WHEEL_CACHE", Path.home() / ".cache" / "torchburn" / "wheels"))
+    folder = cache / f"llama.cpp-converter-{version}"
+    if (folder / CONVERTER_PARTS[0]).is_file():
+        return folder
+    session.install("pip")
+    with tempfile.TemporaryDirectory() as download:
+        session.run(
+            "python", "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python", LLAMA_CPP, "-d", download
+        )
+        (sdist,) = Path(download).glob("llama_cpp_python-*.tar.gz")
+        staging = Path(download) / "converter"
+        with tarfile.open(sdist) as archive:
+            prefix = f"llama_cpp_python-{version}/vendor/llama.cpp/"
+            wanted = [
+                m
+                for m in archive.getmembers()
+                if m.name.startswith(prefix) and m.name[len(prefix) :].startswith(CONVERTER_PARTS)
+            ]
+            for member in wanted:
+                member.name = member.name[len(prefix) :]
+            archive.extractall(staging, members=wanted, filter="data")
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(staging, folder)
+    return folder
 
 
 def _llama_cpp_wheel(session: nox.Session, level: str) -> str:
