@@ -264,6 +264,66 @@ def test_tool_call_required(server: ServerProcess, stream: bool) -> None:
         assert isinstance(args["city"], str)
 
 
+# as tools are usually declared: nothing said of keys beyond the parameters
+OPEN_WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_tool_calls_keep_to_the_declared_parameters_and_one_call(server: ServerProcess, choice: str) -> None:
+    # schemas are read as llama-server reads them: an object's keys are its properties, and one call
+    # per answer unless parallel_tool_calls asks for more (left free, the small model invents keys
+    # and repeats its call until max_tokens)
+    reply = client(server).chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[OPEN_WEATHER],  # type: ignore[list-item]
+        tool_choice=choice,  # type: ignore[arg-type]
+        max_tokens=60,
+        temperature=0,
+    )
+    assert reply.choices[0].finish_reason == "tool_calls"
+    (call,) = reply.choices[0].message.tool_calls or []
+    assert call.function.name == "get_weather"
+    assert set(json.loads(call.function.arguments)) == {"city"}
+
+
+def test_json_schema_answers_keep_to_the_declared_properties(server: ServerProcess) -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 30},
+            "facts": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"fact": {"type": "string", "maxLength": 40}},
+                    "required": ["fact"],
+                },
+                "maxItems": 2,
+            },
+        },
+        "required": ["city", "facts"],
+    }
+    reply = client(server).chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "Tell me about Paris."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}},
+        max_tokens=120,
+        temperature=0,
+    )
+    assert reply.choices[0].finish_reason == "stop"
+    answer = json.loads(reply.choices[0].message.content or "")
+    assert set(answer) == {"city", "facts"}
+    assert all(set(item) == {"fact"} for item in answer["facts"])
+
+
 def test_named_tool_choice_and_the_result_turn(server: ServerProcess) -> None:
     c = client(server)
     messages: list[dict[str, object]] = [{"role": "user", "content": "What time is it in Tokyo?"}]

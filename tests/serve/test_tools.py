@@ -8,7 +8,7 @@ import json
 import pytest
 
 from torchburn_llm import chat_template
-from torchburn_serve import tools
+from torchburn_serve import grammar, tools
 from torchburn_serve.errors import APIError
 
 WEATHER = {
@@ -41,6 +41,51 @@ def test_plan_picks_the_native_format_only_where_the_template_knows_tools() -> N
     assert required is not None and not required.native and required.required
     assert tools.plan(offered, "none", template_knows_tools=True) is None
     assert tools.plan((), None, template_knows_tools=True) is None
+
+
+def test_an_answer_makes_one_call_unless_parallel_calls_are_asked_for() -> None:
+    offered = tools.parse_tools([WEATHER])
+    for choice in ("auto", "required"):
+        one = tools.plan(offered, choice, template_knows_tools=False)
+        many = tools.plan(offered, choice, template_knows_tools=False, parallel=True)
+        assert one is not None and one.schema is not None and many is not None and many.schema is not None
+        calls = one.schema if choice == "required" else one.schema["anyOf"][0]
+        assert calls["properties"]["tool_calls"]["maxItems"] == 1
+        calls = many.schema if choice == "required" else many.schema["anyOf"][0]
+        assert "maxItems" not in calls["properties"]["tool_calls"]
+
+
+def test_objects_listing_their_properties_are_closed_to_others() -> None:
+    point = {"type": "object", "properties": {"x": {"type": "number"}}}
+    schema = {
+        "type": "object",
+        # a property named "properties", an open map, and one explicitly open object
+        "properties": {
+            "properties": point,
+            "tags": {"type": "object", "additionalProperties": {"type": "string"}},
+            "extra": {**point, "additionalProperties": True},
+            "list": {"type": "array", "items": point, "prefixItems": [point]},
+            "either": {"anyOf": [point, {"type": "null"}]},
+            "both": {"allOf": [point, {"properties": {"y": {"type": "number"}}}]},
+            "fixed": {"const": {"properties": 1}},
+            "ref": {"$ref": "#/$defs/p"},
+        },
+        "$defs": {"p": point},
+    }
+    closed = grammar.closed_objects(schema)
+    props = closed["properties"]
+    assert closed["additionalProperties"] is False
+    assert props["properties"]["additionalProperties"] is False
+    assert "additionalProperties" not in props  # the mapping of names is not a schema
+    assert props["tags"]["additionalProperties"] == {"type": "string"}
+    assert props["extra"]["additionalProperties"] is True
+    assert props["list"]["items"]["additionalProperties"] is False
+    assert props["list"]["prefixItems"][0]["additionalProperties"] is False
+    assert props["either"]["anyOf"][0]["additionalProperties"] is False
+    assert all("additionalProperties" not in part for part in props["both"]["allOf"])
+    assert props["fixed"] == {"const": {"properties": 1}}
+    assert closed["$defs"]["p"]["additionalProperties"] is False
+    assert "additionalProperties" not in schema["properties"]["properties"]  # the caller's schema is left as it was
 
 
 @pytest.mark.parametrize(

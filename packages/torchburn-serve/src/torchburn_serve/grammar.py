@@ -32,7 +32,7 @@ class Vocabulary:
         naming ``param``."""
         import llguidance
 
-        text = json.dumps(schema)
+        text = json.dumps(closed_objects(schema))
         if len(text) > _MAX_SCHEMA_BYTES:
             raise bad_request(f"the JSON schema is {len(text):,} bytes; at most {_MAX_SCHEMA_BYTES:,}", param)
         try:
@@ -43,6 +43,42 @@ class Vocabulary:
         if is_error:
             raise bad_request(f"the JSON schema is not usable: {'; '.join(messages)}", param)
         return Constraint(llguidance.LLMatcher(self.tokenizer, grammar, log_level=0), self.size)
+
+
+# where a schema nests schemas: under a mapping of names, alone, or in a list
+_NAMED_SUBSCHEMAS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMAS = ("items", "additionalItems", "additionalProperties", "unevaluatedProperties", "contains")
+_SUBSCHEMAS += ("propertyNames", "not", "if", "then", "else")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+
+
+def closed_objects(schema: Any, in_all_of: bool = False) -> Any:
+    """``schema`` with every object that lists its ``properties`` but says nothing of others closed to
+    them (``additionalProperties: false``), as llama.cpp's grammars and xgrammar's strict mode read
+    schemas: JSON schema lets such an object take any other key, and a model given that freedom (a tool's
+    arguments, typically declared without it) keeps inventing keys until ``max_tokens``. What comes out
+    still validates against the schema as given. The parts of an ``allOf`` stay open, since each may
+    list only some of the properties the whole allows."""
+    if isinstance(schema, list):  # draft 4's tuple form of items
+        return [closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _NAMED_SUBSCHEMAS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed_objects(sub) for name, sub in out[key].items()}
+    for key in _SUBSCHEMAS:
+        if key in out:
+            out[key] = closed_objects(out[key])
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed_objects(sub) for sub in out[key]]
+    if isinstance(out.get("allOf"), list):
+        out["allOf"] = [closed_objects(sub, in_all_of=True) for sub in out["allOf"]]
+    open_keys = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+    if "properties" in out and not in_all_of and not any(key in out for key in open_keys):
+        out["additionalProperties"] = False
+    return out
 
 
 class Constraint:

@@ -52,7 +52,9 @@ class JobMaker:
         """Runs in a worker thread: templating, tokenizing and compiling a grammar take milliseconds."""
         if self.llm.chat_template is None:
             raise bad_request("this model ships no chat template; use /v1/completions with a plain prompt", "messages")
-        plan = tools.plan(tools.parse_tools(req.tools), req.tool_choice, self.template_knows_tools)
+        plan = tools.plan(
+            tools.parse_tools(req.tools), req.tool_choice, self.template_knows_tools, req.parallel_tool_calls
+        )
         messages = req.plain_messages(native_tools=plan is not None and plan.native)
         extra: dict[str, Any] = {}
         if plan is not None and plan.native:

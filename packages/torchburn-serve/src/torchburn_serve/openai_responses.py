@@ -65,6 +65,7 @@ class ResponsesRequest(_Body):
     text: _Text | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = False
     previous_response_id: str | None = None
 
 
@@ -142,6 +143,7 @@ def chat_request(req: ResponsesRequest) -> dict[str, Any]:
         if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
             choice = {"type": "function", "function": {"name": choice["name"]}}
         out["tool_choice"] = choice
+    out["parallel_tool_calls"] = req.parallel_tool_calls
     return out
 
 
@@ -206,7 +208,7 @@ class _Answer:
             "top_p": req.top_p,
             "tools": req.tools or [],
             "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
-            "parallel_tool_calls": True,
+            "parallel_tool_calls": req.parallel_tool_calls,
             "text": {"format": {"type": "text"}} if req.text is None else req.text.model_dump(by_alias=True),
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "error": None,

@@ -1,6 +1,6 @@
 """The OpenAI request bodies the server takes, validated: a wrong type or a value out of range is a
 400 naming the field. Fields clients send that change nothing here (``user``, ``store``,
-``metadata``, ``parallel_tool_calls``) are accepted and ignored, as llama-server does."""
+``metadata``) are accepted and ignored, as llama-server does."""
 
 from __future__ import annotations
 
@@ -138,6 +138,7 @@ class ChatRequest(Sampling):
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = False  # llama-server's default: one call per answer
 
     def requested_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

@@ -71,8 +71,10 @@ def parse_tools(raw: Any) -> tuple[Tool, ...]:
     return tuple(tools)
 
 
-def plan(tools: tuple[Tool, ...], choice: Any, template_knows_tools: bool) -> ToolPlan | None:
-    """The way this request calls tools, or None where it offers none (or ``tool_choice`` is "none")."""
+def plan(tools: tuple[Tool, ...], choice: Any, template_knows_tools: bool, parallel: bool = False) -> ToolPlan | None:
+    """The way this request calls tools, or None where it offers none (or ``tool_choice`` is "none").
+    ``parallel`` (``parallel_tool_calls``): an answer may make several calls; by default one, as
+    llama-server has it (a small model allowed a list repeats its call until ``max_tokens``)."""
     if choice is None:
         choice = "auto" if tools else "none"
     if choice == "none" or not tools:
@@ -81,12 +83,13 @@ def plan(tools: tuple[Tool, ...], choice: Any, template_knows_tools: bool) -> To
         if choice not in ("none", "auto"):
             raise bad_request('tool_choice must be "none", "auto", "required" or a named function', "tool_choice")
         return None
+    most = None if parallel else 1
     if choice == "auto":
         if template_knows_tools:
             return ToolPlan(tools, True, None, False)
-        return ToolPlan(tools, False, _answer_schema(tools, required=False), False)
+        return ToolPlan(tools, False, _answer_schema(tools, required=False, most=most), False)
     if choice == "required":
-        return ToolPlan(tools, False, _answer_schema(tools, required=True), True)
+        return ToolPlan(tools, False, _answer_schema(tools, required=True, most=most), True)
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
         named = tuple(t for t in tools if t.name == name)
@@ -98,8 +101,8 @@ def plan(tools: tuple[Tool, ...], choice: Any, template_knows_tools: bool) -> To
 
 def _answer_schema(tools: tuple[Tool, ...], required: bool, most: int | None = None) -> dict[str, Any]:
     """The JSON an answer under the generic tool format must be: ``{"tool_calls": [...]}`` (at most
-    ``most`` calls; a named ``tool_choice`` asks for one call of that function, and a small model
-    left free repeats it until ``max_tokens``), or where no call is required ``{"response": text}``."""
+    ``most`` calls; a named ``tool_choice`` asks for one call of that function), or where no call is
+    required ``{"response": text}``."""
     call = {
         "anyOf": [
             {
