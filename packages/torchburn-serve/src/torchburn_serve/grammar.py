@@ -47,8 +47,10 @@ class Vocabulary:
 
 # where a schema nests schemas: under a mapping of names, alone, or in a list
 _NAMED_SUBSCHEMAS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SUBSCHEMAS = ("items", "additionalItems", "additionalProperties", "unevaluatedProperties", "contains")
-_SUBSCHEMAS += ("propertyNames", "not", "if", "then", "else")
+_SUBSCHEMAS = (
+    *("items", "additionalItems", "additionalProperties", "unevaluatedProperties", "contains"),
+    *("propertyNames", "not", "if", "then", "else"),
+)
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
 
 
