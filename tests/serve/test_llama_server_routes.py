@@ -1,4 +1,4 @@
-"""llama-server's own ``/completion`` and ``/props`` with ``httpx``, as its scripts and editor plugins call
+"""llama-server's own ``/completion``, ``/props``, ``/apply-template`` and ``/v1/health`` with ``httpx``, as its scripts and editor plugins call
 them: answers checked against the same model run in this process (greedy, so the text must be the same)."""
 
 from __future__ import annotations
@@ -54,6 +54,26 @@ def test_props_describe_the_served_model(server: ServerProcess, llm: LLM) -> Non
     props = httpx.get(server.url + "/props", timeout=10).json()
     assert props["default_generation_settings"]["n_ctx"] == llm.config.max_position
     assert props["chat_template"] == llm.chat_template and props["total_slots"] >= 1
+
+
+def test_apply_template_gives_the_prompt_a_chat_request_runs(server: ServerProcess, llm: LLM) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    r = httpx.post(server.url + "/apply-template", json={"messages": messages}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json() == {"prompt": llm.apply_chat_template(messages, True)}
+    # the prompt it gives is the one the chat route counts
+    chat = httpx.post(
+        server.url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 1}, timeout=60
+    ).json()
+    assert chat["usage"]["prompt_tokens"] == len(llm.encode(r.json()["prompt"]))
+    bad = httpx.post(server.url + "/apply-template", json={"messages": []}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
+
+
+def test_v1_health_answers_as_health(server: ServerProcess) -> None:
+    health = httpx.get(server.url + "/v1/health", timeout=10)
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert health.json()["model"] == httpx.get(server.url + "/health", timeout=10).json()["model"]
 
 
 @pytest.mark.parametrize(

@@ -144,6 +144,7 @@ def create_app(
         return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}"), status_code=500)
 
     @app.get("/health")
+    @app.get("/v1/health")
     async def health() -> dict[str, Any]:
         return {
             "status": "ok",

@@ -48,8 +48,9 @@ class JobMaker:
 
     # --- chat ----------------------------------------------------------------------------------
 
-    def chat(self, req: ChatRequest) -> ChatJob:
-        """Runs in a worker thread: templating, tokenizing and compiling a grammar take milliseconds."""
+    def chat_prompt(self, req: ChatRequest) -> tuple[str, tools.ToolPlan | None]:
+        """The prompt text ``req``'s messages (and tools) make through the model's chat template, and how
+        the request calls tools."""
         if self.llm.chat_template is None:
             raise bad_request("this model ships no chat template; use /v1/completions with a plain prompt", "messages")
         plan = tools.plan(
@@ -65,6 +66,11 @@ class JobMaker:
             text = self.llm.apply_chat_template(messages, True, **extra)
         except (ChatTemplateError, ValueError) as exc:
             raise bad_request(str(exc), "messages") from None
+        return text, plan
+
+    def chat(self, req: ChatRequest) -> ChatJob:
+        """Runs in a worker thread: templating, tokenizing and compiling a grammar take milliseconds."""
+        text, plan = self.chat_prompt(req)
         prompt = self._encode(text, "messages")
         schema, param = None, None
         if plan is not None and plan.schema is not None:

@@ -1,6 +1,7 @@
 """llama-server's own routes beside the OpenAI ones: ``POST /completion`` (a text prompt continued,
 whole or streamed as server-sent events without a ``[DONE]``, ending with ``"stop": true``) and
-``GET /props``, which editor plugins and scripts written for llama-server call.
+``GET /props``, which editor plugins and scripts written for llama-server call, and ``POST
+/apply-template`` (the prompt a chat request's messages make, without running it).
 
 A ``/completion`` request runs as the ``/v1/completions`` request with the same prompt and settings
 (``n_predict`` for ``max_tokens``, -1 for no limit of its own; ``json_schema`` enforced token by
@@ -9,6 +10,7 @@ token as ``response_format`` is). GBNF ``grammar`` is not supported and is refus
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -19,7 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .engine import CANCELLED, Delta, Handle
 from .errors import bad_request
-from .protocol import CompletionRequest, _Body, parse, validated
+from .protocol import ChatRequest, CompletionRequest, _Body, parse, validated
 
 
 class CompletionBody(_Body):
@@ -40,7 +42,8 @@ class CompletionBody(_Body):
 
 
 def add_routes(app: FastAPI, server: Any) -> None:
-    """``/completion`` and ``/props`` on ``app`` for ``server`` (:class:`~torchburn_serve.app.Server`)."""
+    """``/completion``, ``/props`` and ``/apply-template`` on ``app`` for ``server``
+    (:class:`~torchburn_serve.app.Server`)."""
     from .app import _collect, _submitted
 
     @app.get("/props")
@@ -52,6 +55,13 @@ def add_routes(app: FastAPI, server: Any) -> None:
             "chat_template": server.llm.chat_template or "",
             "build_info": "torchburn",
         }
+
+    @app.post("/apply-template")
+    async def apply_template(request: Request) -> dict[str, Any]:
+        # a chat completion's body (messages, and tools where the request has them), as llama-server takes it
+        req: ChatRequest = parse(await request.body(), ChatRequest)
+        text, _ = await asyncio.to_thread(server.jobs.chat_prompt, req)
+        return {"prompt": text}
 
     @app.post("/completion")
     async def completion(request: Request) -> Response:
