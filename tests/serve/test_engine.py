@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 
+import torch
 from torchburn_native.transformer import PROMPT_KERNEL_MIN_TOKENS
 
 from torchburn_llm import LLM
 from torchburn_llm.sampling import SamplingParams
-from torchburn_serve.engine import PREFIX_OVER_ROUND, Engine, Handle, Job
+from torchburn_serve.engine import PREFIX_OVER_ROUND, Delta, Engine, Handle, Job
+from torchburn_serve.grammar import GrammarError
 from torchburn_serve.limits import Limits
 
 TOKENS = 12
@@ -101,3 +103,48 @@ def test_a_cancelled_request_is_dropped_from_its_round(llm: LLM) -> None:
         engine.shutdown()
     assert finishes[0] == "cancelled" and finishes[1] in ("stop", "length")
     assert engine.stats()["prefill_prompts"] == 1
+
+
+class _FailingConstraint:
+    """A grammar that gives up at its second token, as llguidance does past one of its limits, or
+    breaks outright."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error_to_raise, self.taken, self.error, self.done = error, 0, "", False
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits
+
+    def advance(self, token: int) -> None:
+        self.taken += 1
+        if self.taken == 2:
+            raise self.error_to_raise
+
+
+def test_a_request_whose_grammar_fails_ends_alone(llm: LLM) -> None:
+    # one request's failure is that request's error; the others and the loop go on
+    prompt = llm.encode("The capital of France is")
+    engine = Engine(llm, Limits())
+    failures = [GrammarError("over a limit"), ValueError("a bug")]
+
+    async def main() -> list[list[Delta]]:
+        loop = asyncio.get_running_loop()
+        jobs = [Job(prompt, TOKENS, SamplingParams(), constraint=_FailingConstraint(e)) for e in failures]  # type: ignore[arg-type]
+        handles = [Handle(job, loop) for job in [*jobs, Job(prompt, TOKENS, SamplingParams())]]
+        for handle in handles:
+            engine.submit(handle)
+        engine.start()
+        answers = [[d async for d in h.deltas()] for h in handles]
+        later = Handle(Job(prompt, TOKENS, SamplingParams()), loop)  # the loop still runs
+        engine.submit(later)
+        return [*answers, [d async for d in later.deltas()]]
+
+    try:
+        grammar_failed, bug, fine, later = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert grammar_failed[-1].error is not None and grammar_failed[-1].error.status == 400
+    assert "over a limit" in grammar_failed[-1].error.message
+    assert bug[-1].error is not None and bug[-1].error.status == 500 and "ValueError: a bug" in bug[-1].error.message
+    alone = _alone(llm, prompt)
+    assert "".join(d.text for d in fine) == alone and "".join(d.text for d in later) == alone

@@ -324,6 +324,22 @@ def test_json_schema_answers_keep_to_the_declared_properties(server: ServerProce
     assert all(set(item) == {"fact"} for item in answer["facts"])
 
 
+def test_a_schema_that_cannot_be_generated_is_an_error_and_the_server_goes_on(server: ServerProcess) -> None:
+    # an object that must hold itself: every answer would be infinite, and the grammar gives up past
+    # its limits at the first tokens; that request gets a 400, the next one its answer
+    endless = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
+    c = client(server)
+    with pytest.raises(openai.BadRequestError, match="the output grammar cannot go on"):
+        c.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "hi"}],
+            response_format={"type": "json_schema", "json_schema": {"name": "endless", "schema": endless}},
+            max_tokens=20,
+        )
+    reply = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert reply.choices[0].message.content
+
+
 def test_named_tool_choice_and_the_result_turn(server: ServerProcess) -> None:
     c = client(server)
     messages: list[dict[str, object]] = [{"role": "user", "content": "What time is it in Tokyo?"}]

@@ -32,7 +32,7 @@ from torchburn_llm.sampling import Sampler, SamplingParams
 from torchburn_llm.streaming import TextStream
 
 from .errors import APIError
-from .grammar import Constraint
+from .grammar import Constraint, GrammarError
 from .limits import Limits
 from .prefix_cache import PrefixCache, cache_bytes, common_prefix
 
@@ -202,19 +202,29 @@ class Engine:
             self._drain()
             if self._stopping:
                 break
-            self._drop_cancelled()
-            self._admit()
-            if self._active:
-                self._step()
-            elif not self._waiting:
-                self._wake.wait(0.5)
-        closing = APIError(503, "the server is shutting down", code="server_shutting_down")
-        for seq in self._active:
-            seq.handle.put(Delta(error=closing))
-        for handle in self._waiting:
-            handle.put(Delta(error=closing))
-        self._active, self._waiting = [], deque()
+            try:
+                self._drop_cancelled()
+                self._admit()
+                if self._active:
+                    self._step()
+                elif not self._waiting:
+                    self._wake.wait(0.5)
+            except Exception as exc:  # a bug must not take the loop down: the server would hang
+                log.exception("the decode loop failed")
+                self._fail_all(
+                    APIError(500, f"generation failed: {type(exc).__name__}: {exc}", code="generation_failed")
+                )
+        self._fail_all(APIError(503, "the server is shutting down", code="server_shutting_down"))
         self._prefixes.clear()
+
+    def _fail_all(self, error: APIError) -> None:
+        """End every running and waiting request with ``error``."""
+        for seq in self._active:
+            if not seq.done:
+                seq.handle.put(Delta(error=error))
+        for handle in self._waiting:
+            handle.put(Delta(error=error))
+        self._active, self._waiting = [], deque()
 
     def _drain(self) -> None:
         while True:
@@ -365,14 +375,24 @@ class Engine:
         return logits
 
     def _next(self, seq: _Sequence, logits: torch.Tensor) -> None:
-        """Sample ``seq``'s next token from ``logits`` [V] and hand on what it adds."""
+        """Sample ``seq``'s next token from ``logits`` [V] and hand on what it adds. Whatever goes wrong
+        in one request (a grammar its schema cannot satisfy after all) ends that request with an error
+        and leaves the others running."""
+        try:
+            self._sample(seq, logits)
+        except GrammarError as exc:
+            self._fail(seq, f"the output grammar cannot go on: {exc}", status=400)
+        except Exception as exc:
+            log.exception("a request failed while sampling")
+            self._fail(seq, f"generation failed: {type(exc).__name__}: {exc}")
+
+    def _sample(self, seq: _Sequence, logits: torch.Tensor) -> None:
         job = seq.job
         scores = logits
         if job.constraint is not None:
             scores = job.constraint.mask(logits)
             if not bool(torch.isfinite(scores).any()):
-                self._fail(seq, f"the output grammar allows no next token ({job.constraint.error or 'dead end'})")
-                return
+                raise GrammarError(f"it allows no next token ({job.constraint.error or 'a dead end'})")
         token = seq.sampler(scores, seq.ids)
         delta = Delta(prompt_tokens=len(job.prompt), cached_tokens=seq.cached)
         if token in self.eos:  # under a grammar, only allowed once the answer is complete
@@ -401,9 +421,9 @@ class Engine:
             self._prefixes.put(seq.ids, seq.cache)
         self._send(seq.handle, delta)
 
-    def _fail(self, seq: _Sequence, message: str) -> None:
+    def _fail(self, seq: _Sequence, message: str, status: int = 500) -> None:
         seq.done = True
-        self._send(seq.handle, Delta(error=APIError(500, message, code="generation_failed")))
+        self._send(seq.handle, Delta(error=APIError(status, message, code="generation_failed")))
 
     def _logprob(self, logits: torch.Tensor, token: int, top: int) -> TokenLogprob:
         logp = torch.log_softmax(logits.float(), dim=-1)

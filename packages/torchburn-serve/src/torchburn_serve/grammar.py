@@ -83,6 +83,10 @@ def closed_objects(schema: Any, in_all_of: bool = False) -> Any:
     return out
 
 
+class GrammarError(RuntimeError):
+    """A request's grammar cannot go on (llguidance gave up on it, over one of its limits)."""
+
+
 class Constraint:
     """One request's matcher: the allowed tokens before each step, then the token taken."""
 
@@ -100,7 +104,7 @@ class Constraint:
 
     def advance(self, token: int) -> None:
         if not self.matcher.consume_token(token):
-            raise RuntimeError(f"the grammar refused token {token}: {self.matcher.get_error()}")
+            raise GrammarError(f"token {token} refused: {self.error}")
 
     @property
     def done(self) -> bool:
@@ -109,4 +113,5 @@ class Constraint:
 
     @property
     def error(self) -> str:
-        return str(self.matcher.get_error())
+        """What stopped the matcher, in one line (llguidance follows it with a dump of its state)."""
+        return str(self.matcher.get_error() or "").split("\n", 1)[0]
