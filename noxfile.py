@@ -144,7 +144,7 @@ def tests(session: nox.Session) -> None:
         **_env(),
         "TORCHBURN_DIST": str(dist),
         "TORCHBURN_UV": uv,
-        CONVERTER_ENV: str(_llama_cpp_converter(session)),
+        SOURCES_ENV: str(_llama_cpp_sources(session)),
     }
     session.run("pytest", *(session.posargs or ["-q"]), env=env)
     if not session.posargs:
@@ -302,18 +302,21 @@ LLAMA_CPP_CMAKE = {
 }
 
 
-# tests/llm/test_gguf_converted.py: tiny checkpoints turned into GGUF files by llama.cpp's own converter
-CONVERTER_ENV = "TORCHBURN_LLAMA_CPP_CONVERTER"
-CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
+# parts of llama.cpp's sources the tests read: its converter (tests/llm/test_gguf_converted.py turns tiny
+# checkpoints into GGUF files with it) and the chat templates of real models it keeps for its own tests
+# (tests/llm/test_real_chat_templates.py renders them as transformers does)
+SOURCES_ENV = "TORCHBURN_LLAMA_CPP_SOURCES"
+SOURCES_PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "models/templates/")
 
 
-def _llama_cpp_converter(session: nox.Session) -> Path:
-    """llama.cpp's ``convert_hf_to_gguf.py`` with its ``conversion`` package and ``gguf-py``, taken from the
-    sources of the pinned llama-cpp-python on PyPI (once: the folder is cached per version)."""
+def _llama_cpp_sources(session: nox.Session) -> Path:
+    """llama.cpp's ``convert_hf_to_gguf.py`` with its ``conversion`` package and ``gguf-py``, and its
+    ``models/templates``, taken from the sources of the pinned llama-cpp-python on PyPI (once: the folder
+    is cached per version)."""
     version = LLAMA_CPP.split("==")[1]
     cache = Path(os.environ.get("TORCHBURN_WHEEL_CACHE", Path.home() / ".cache" / "torchburn" / "wheels"))
-    folder = cache / f"llama.cpp-converter-{version}"
-    if (folder / CONVERTER_PARTS[0]).is_file():
+    folder = cache / f"llama.cpp-sources-{version}"
+    if all((folder / part).exists() for part in SOURCES_PARTS):
         return folder
     session.install("pip")
     with tempfile.TemporaryDirectory() as download:
@@ -321,13 +324,13 @@ def _llama_cpp_converter(session: nox.Session) -> Path:
             "python", "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python", LLAMA_CPP, "-d", download
         )
         (sdist,) = Path(download).glob("llama_cpp_python-*.tar.gz")
-        staging = Path(download) / "converter"
+        staging = Path(download) / "sources"
         with tarfile.open(sdist) as archive:
             prefix = f"llama_cpp_python-{version}/vendor/llama.cpp/"
             wanted = [
                 m
                 for m in archive.getmembers()
-                if m.name.startswith(prefix) and m.name[len(prefix) :].startswith(CONVERTER_PARTS)
+                if m.name.startswith(prefix) and m.name[len(prefix) :].startswith(SOURCES_PARTS)
             ]
             for member in wanted:
                 member.name = member.name[len(prefix) :]

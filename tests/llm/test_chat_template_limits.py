@@ -190,7 +190,7 @@ def test_the_limits_leave_room_for_long_chats_and_real_templates() -> None:
         assert len(out) > 5_000_000 and out.count("w" * 2500) == 2000
         assert time.monotonic() - start < 2
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
-    assert '{"function": {"name": "get_weather"' in render(QWEN, HI, tools=tools)
+    assert '{"type": "function", "function": {"name": "get_weather"' in render(QWEN, HI, tools=tools)
     # and the same room is all there is: a template that repeats the conversation twentyfold is refused
     echo = "{% for i in range(20) %}{% for m in messages %}{{ m.content }}{% endfor %}{% endfor %}"
     with pytest.raises(ChatTemplateError, match="hit its output limit: it writes more than"):

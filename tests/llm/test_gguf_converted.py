@@ -4,8 +4,8 @@ their stored types against ``transformers`` on the checkpoint they came from. Wh
 ``test_gguf_stored`` writes its files itself, these carry whatever metadata, tensor names, row orders
 and stored norm offsets the converter really writes.
 
-``nox -s tests`` fetches the converter from the pinned llama-cpp-python's sources and names its folder
-in ``TORCHBURN_LLAMA_CPP_CONVERTER``."""
+``nox -s tests`` fetches the converter from the pinned llama-cpp-python's sources and names their folder
+in ``TORCHBURN_LLAMA_CPP_SOURCES``."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from torchburn_llm.accuracy import teacher_forced_logits
 
 transformers = pytest.importorskip("transformers")
 
-CONVERTER_ENV = "TORCHBURN_LLAMA_CPP_CONVERTER"
+SOURCES_ENV = "TORCHBURN_LLAMA_CPP_SOURCES"
 HIDDEN = 64
 COMMON: dict[str, Any] = {
     "hidden_size": HIDDEN,
@@ -106,8 +106,8 @@ runpy.run_path(converter + "/convert_hf_to_gguf.py", run_name="__main__")
 
 @pytest.fixture(scope="module")
 def converter() -> Path:
-    folder = os.environ.get(CONVERTER_ENV)
-    assert folder, f"{CONVERTER_ENV} names llama.cpp's converter folder; nox -s tests fetches it"
+    folder = os.environ.get(SOURCES_ENV)
+    assert folder, f"{SOURCES_ENV} names a folder of llama.cpp's sources; nox -s tests fetches it"
     path = Path(folder)
     assert (path / "convert_hf_to_gguf.py").is_file(), f"{path} holds no convert_hf_to_gguf.py"
     return path

@@ -134,7 +134,9 @@ def test_a_request_whose_grammar_fails_ends_alone(llm: LLM) -> None:
         for handle in handles:
             engine.submit(handle)
         engine.start()
-        answers = [[d async for d in h.deltas()] for h in handles]
+        answers = []
+        for handle in handles:
+            answers.append([d async for d in handle.deltas()])
         later = Handle(Job(prompt, TOKENS, SamplingParams()), loop)  # the loop still runs
         engine.submit(later)
         return [*answers, [d async for d in later.deltas()]]

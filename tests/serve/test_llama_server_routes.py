@@ -1,5 +1,6 @@
-"""llama-server's own ``/completion``, ``/props``, ``/apply-template`` and ``/v1/health`` with ``httpx``, as its scripts and editor plugins call
-them: answers checked against the same model run in this process (greedy, so the text must be the same)."""
+"""llama-server's own ``/completion``, ``/props``, ``/apply-template`` and ``/v1/health`` with ``httpx``,
+as its scripts and editor plugins call them: answers checked against the same model run in this process
+(greedy, so the text must be the same)."""
 
 from __future__ import annotations
 

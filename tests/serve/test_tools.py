@@ -4,11 +4,12 @@ told, and how answers in each format are read back."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from torchburn_llm import chat_template
-from torchburn_serve import grammar, tools
+from torchburn_serve import grammar, protocol, tools
 from torchburn_serve.errors import APIError
 
 WEATHER = {
@@ -118,9 +119,9 @@ def test_native_template_sees_the_tools_and_earlier_calls() -> None:
         {"role": "tool", "content": "-3 C", "tool_call_id": "c1"},
     ]
     prompt = chat_template.render(HERMES, messages, True, tools=[WEATHER])
-    assert json.dumps(WEATHER, sort_keys=True) in prompt  # the definition, as Jinja's tojson writes it
+    assert json.dumps(WEATHER) in prompt  # the definition as transformers' tojson writes it: keys in order
     call = {"name": "get_weather", "arguments": {"city": "Oslo"}}
-    assert f"<tool_call>{json.dumps(call, sort_keys=True)}</tool_call>" in prompt  # arguments as an object
+    assert f"<tool_call>{json.dumps(call)}</tool_call>" in prompt  # arguments as an object
     assert prompt.endswith("<|im_start|>tool\n-3 C<|im_end|>\n<|im_start|>assistant\n")
 
 
@@ -140,6 +141,58 @@ def test_reading_native_answers() -> None:
     # an unknown name or plain prose stays text
     assert tools.read_answer('<tool_call>{"name": "nope", "arguments": {}}</tool_call>', plan)[1] == []
     assert tools.read_answer("It is sunny.", plan) == ("It is sunny.", [])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # Mistral Nemo / Small 3: [TOOL_CALLS] and a list, the marker a special token (gone) or text
+        '[{"name": "get_weather", "arguments": {"city": "Rome"}, "id": "a1b2c3d4e"}, '
+        '{"name": "get_time", "arguments": {"city": "Oslo"}, "id": "f5g6h7i8j"}]',
+        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Rome"}}, '
+        '{"name": "get_time", "arguments": {"city": "Oslo"}}]',
+        # later Mistral models: [TOOL_CALLS]name[ARGS]{...} per call
+        'get_weather{"city": "Rome"}get_time{"city": "Oslo"}',
+        '[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}[TOOL_CALLS]get_time[ARGS]{"city": "Oslo"}',
+    ],
+)
+def test_reading_mistral_call_lists(text: str) -> None:
+    time = {**WEATHER, "function": {**WEATHER["function"], "name": "get_time"}}  # type: ignore[dict-item]
+    plan = tools.plan(tools.parse_tools([WEATHER, time]), "auto", template_knows_tools=True)
+    assert plan is not None
+    content, calls = tools.read_answer(text, plan)
+    assert content is None
+    got = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+    assert got == [("get_weather", {"city": "Rome"}), ("get_time", {"city": "Oslo"})]
+    # a list holding anything but calls of offered tools, or a name that is not offered, stays text
+    for other in ('[{"name": "get_weather", "arguments": {}}, 3]', 'nope{"city": "Rome"}', "[1, 2]"):
+        assert tools.read_answer(other, plan) == (other, [])
+
+
+def test_templates_get_tool_call_ids_mistral_takes() -> None:
+    # Mistral's templates refuse any id but nine letters and digits; a client's ids map to such, the
+    # same in the call and in its result
+    assert protocol.template_call_id("a1b2c3d4e") == "a1b2c3d4e"
+    mapped = protocol.template_call_id("call_3f2a9c41d0e8b7a6c5d4e3f2")
+    assert re.fullmatch("[0-9a-f]{9}", mapped) and mapped == protocol.template_call_id("call_3f2a9c41d0e8b7a6c5d4e3f2")
+    assert protocol.template_call_id("call_other") != mapped
+    request = protocol.ChatRequest.model_validate(
+        {
+            "messages": [
+                {"role": "user", "content": "Weather in Oslo?"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {"id": "call_x", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+                    ],
+                },
+                {"role": "tool", "content": "-3 C", "tool_call_id": "call_x"},
+            ]
+        }
+    )
+    plain = request.plain_messages(native_tools=True)
+    assert plain[1]["tool_calls"][0]["id"] == plain[2]["tool_call_id"] == protocol.template_call_id("call_x")
 
 
 def test_generic_format_messages_and_answers() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from . import files
 from .errors import ChatTemplateError
-from .template_sandbox import BoundedEnvironment, TemplateLimits
+from .template_sandbox import BoundedEnvironment, GenerationBlocks, TemplateLimits
 
 
 class _Refusal(ValueError):
@@ -52,7 +52,37 @@ def render(
     **extra: Any,
 ) -> str:
     """The prompt ``template`` makes of ``messages``, rendered under ``limits`` (the defaults, with room
-    for the messages' length)."""
+    for the messages' length). A template that refuses a system message (Gemma's: "System role not
+    supported") gets it at the head of the first user message instead, as llama-server and ollama give
+    it; where that is refused too, the first refusal stands."""
+    try:
+        return _render(template, messages, add_generation_prompt, limits, **extra)
+    except _Refusal as refusal:
+        merged = _system_in_first_user_turn(messages)
+        if merged is None:
+            raise
+        try:
+            return _render(template, merged, add_generation_prompt, limits, **extra)
+        except _Refusal:
+            raise refusal from None
+
+
+def _system_in_first_user_turn(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """``messages`` with a leading system message's text put before the first user message's, or None
+    where they do not start with a system message and a user one."""
+    if len(messages) < 2 or messages[0].get("role") != "system" or messages[1].get("role") != "user":
+        return None
+    system, user = messages[0], messages[1]
+    return [{**user, "content": f"{system['content']}\n\n{user['content']}"}, *messages[2:]]
+
+
+def _render(
+    template: str,
+    messages: Sequence[dict[str, str]],
+    add_generation_prompt: bool,
+    limits: TemplateLimits | None,
+    **extra: Any,
+) -> str:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise ValueError(f"message {i} must be a dict with string 'role' and 'content', got {m!r}")
@@ -69,7 +99,8 @@ def render(
     def raise_exception(message: str) -> None:
         raise _Refusal(f"the chat template refused the messages: {message}")
 
-    env = BoundedEnvironment(limits, trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    extensions = ["jinja2.ext.loopcontrols", GenerationBlocks]  # what transformers renders templates with
+    env = BoundedEnvironment(limits, trim_blocks=True, lstrip_blocks=True, extensions=extensions)
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = _strftime_now
     try:

@@ -21,6 +21,7 @@ the same checks cover constant expressions. The caller streams the output and co
 from __future__ import annotations
 
 import functools
+import json
 import math
 import re
 import string
@@ -31,8 +32,10 @@ from typing import Any
 
 from jinja2 import nodes, pass_context, pass_environment, pass_eval_context
 from jinja2.compiler import CodeGenerator, Frame
+from jinja2.ext import Extension
 from jinja2.filters import make_attrgetter
 from jinja2.nodes import EvalContext
+from jinja2.parser import Parser
 from jinja2.runtime import Context, markup_join, str_join
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
@@ -81,6 +84,21 @@ class _BoundedCodeGenerator(CodeGenerator):
         self.write(f"), {markup})")
 
 
+class GenerationBlocks(Extension):
+    """``{% generation %}...{% endgeneration %}``, with which training templates mark the assistant's
+    part (``transformers`` tracks it for loss masks): the block renders as its body."""
+
+    tags = frozenset({"generation"})  # type: ignore[assignment]
+
+    def parse(self, parser: Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller: Callable[[], str]) -> str:
+        return caller()
+
+
 class BoundedEnvironment(ImmutableSandboxedEnvironment):
     """An immutable sandbox that renders one template once under ``limits`` (it keeps the counts)."""
 
@@ -105,11 +123,11 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
             ("format", self._check_format_filter),
             ("batch", self._check_batch),
             ("slice", self._check_slice),
-            ("tojson", self._check_tojson),
             ("pprint", self._check_repr),
             ("string", self._check_repr),
         ):
             self.filters[name] = _checked(self.filters[name], check)
+        self.filters["tojson"] = self._tojson
         self._join_filter = self.filters["join"]
         self.filters["join"] = self._join
         self.filters["sum"] = self._sum
@@ -209,7 +227,9 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
 
     def call(self, context: Context, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
         self.tick()
-        args = self._check_method(obj, args, kwargs)
+        # Jinja passes the variables a loop or block has set as these, for the context; not the method's
+        own = {k: v for k, v in kwargs.items() if k not in ("_loop_vars", "_block_vars")}
+        args = self._check_method(obj, args, own)
         if self.depth >= self.limits.depth:
             raise self.fail("depth", f"calls nest more than {self.limits.depth} deep (a macro that calls itself?)")
         self.depth += 1
@@ -396,11 +416,24 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
             self.charge(max(slices, 0), "|slice's slices")
         return value
 
-    def _check_tojson(self, value: Any, indent: Any = None) -> Any:
+    def _tojson(
+        self,
+        value: Any,
+        ensure_ascii: bool = False,
+        indent: Any = None,
+        separators: Any = None,
+        sort_keys: bool = False,
+    ) -> str:
+        """``|tojson`` as ``transformers`` renders chat templates, which is how models saw their prompts in
+        training: plain JSON with keys in their order and text as it is (Jinja's own filter sorts keys,
+        escapes ``<``, ``>``, ``&`` and ``'`` for HTML and returns markup that escapes what it is joined
+        with), sized before it is built."""
         chars, count, depth = self.weight(value)
         pad = len(indent) if isinstance(indent, str) else max(indent, 0) if _is_int(indent) else 0
         self.charge(6 * chars + count * (depth + 1) * (pad + 1), "the result of |tojson")  # \\uXXXX escapes: 6 each
-        return value
+        if separators is not None:
+            separators = tuple(separators)
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     def _check_repr(self, value: Any) -> Any:
         if not isinstance(value, str):  # a string's text is itself

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -152,11 +154,11 @@ class ChatRequest(Sampling):
             if m.name is not None:
                 message["name"] = m.name
             if m.tool_call_id is not None:
-                message["tool_call_id"] = m.tool_call_id
+                message["tool_call_id"] = template_call_id(m.tool_call_id)
             if m.tool_calls:
                 message["tool_calls"] = [
                     {
-                        "id": c.id,
+                        "id": template_call_id(c.id),
                         "type": "function",
                         "function": {
                             "name": c.function.name,
@@ -167,6 +169,19 @@ class ChatRequest(Sampling):
                 ]
             out.append(message)
         return out
+
+
+_TEMPLATE_CALL_ID = re.compile(r"[A-Za-z0-9]{9}")
+
+
+def template_call_id(call_id: str | None) -> str:
+    """A tool call's id as chat templates are given it: nine letters and digits, which Mistral's templates
+    insist on ("Tool call IDs should be alphanumeric strings with length 9!") and the others print as
+    they are. Any other id (``call_...`` from this server or another) maps to nine hex digits of its
+    hash, the same in the call and in its result."""
+    if call_id is not None and _TEMPLATE_CALL_ID.fullmatch(call_id):
+        return call_id
+    return hashlib.sha256((call_id or "").encode()).hexdigest()[:9]
 
 
 def _arguments(arguments: str | dict[str, Any], as_object: bool) -> Any:

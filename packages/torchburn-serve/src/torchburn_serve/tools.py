@@ -205,6 +205,10 @@ def read_answer(text: str, tool_plan: ToolPlan) -> tuple[str | None, list[dict[s
 
 
 def _read_native(text: str, tools: tuple[Tool, ...]) -> tuple[str | None, list[dict[str, Any]]]:
+    """Calls in the formats models are trained on: ``<tool_call>`` blocks (Hermes, Qwen); the whole answer
+    one call object (Llama 3.1) or a list of them (Mistral's ``[TOOL_CALLS][...]``, whose marker is a
+    special token and so not in the text); or ``name{arguments}`` runs (later Mistral models'
+    ``[TOOL_CALLS]name[ARGS]{...}``, markers likewise gone)."""
     names = {t.name for t in tools}
     calls = []
     for block in _NATIVE_CALL.findall(text):
@@ -214,8 +218,52 @@ def _read_native(text: str, tools: tuple[Tool, ...]) -> tuple[str | None, list[d
     if calls:
         rest = _NATIVE_CALL.sub("", text).strip()
         return rest or None, calls
-    bare = _json_call(text.strip(), names)  # Llama 3.1: the call as the whole answer
-    return (None, [bare]) if bare is not None else (text, [])
+    whole = _MISTRAL_MARKERS.sub("", text).strip()
+    bare = _json_call(whole, names)
+    if bare is not None:
+        return None, [bare]
+    listed = _json_calls(whole, names)
+    if listed:
+        return None, listed
+    named = _named_calls(whole, names)
+    return (None, named) if named else (text, [])
+
+
+# the markers of Mistral's call formats, where a tokenizer keeps them as text
+_MISTRAL_MARKERS = re.compile(r"\[TOOL_CALLS\]|\[ARGS\]|\[CALL_ID\][A-Za-z0-9]*")
+
+
+def _json_calls(text: str, names: set[str]) -> list[dict[str, Any]]:
+    """A JSON list of call objects, all of offered tools; else none."""
+    try:
+        value = json_text.loads(text)
+    except ValueError:
+        return []
+    if not isinstance(value, list) or not value:
+        return []
+    calls = [_json_call(json.dumps(item), names) for item in value]
+    return [c for c in calls if c is not None] if all(c is not None for c in calls) else []
+
+
+def _named_calls(text: str, names: set[str]) -> list[dict[str, Any]]:
+    """``name{...}name{...}``: each an offered tool's name and a JSON object of arguments, back to back."""
+    calls, at = [], 0
+    decoder = json.JSONDecoder()
+    while at < len(text):
+        name = next((n for n in sorted(names, key=len, reverse=True) if text.startswith(n + "{", at)), None)
+        if name is None:
+            return []
+        try:
+            arguments, end = decoder.raw_decode(text, at + len(name))
+        except (ValueError, RecursionError):  # the model's text: anything at all up to max_tokens
+            return []
+        if not isinstance(arguments, dict):
+            return []
+        calls.append(_call(name, arguments))
+        at = end
+        while at < len(text) and text[at].isspace():
+            at += 1
+    return calls
 
 
 def _json_call(text: str, names: set[str]) -> dict[str, Any] | None:
