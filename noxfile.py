@@ -303,10 +303,11 @@ LLAMA_CPP_CMAKE = {
 
 
 # parts of llama.cpp's sources the tests read: its converter (tests/llm/test_gguf_converted.py turns tiny
-# checkpoints into GGUF files with it) and the chat templates of real models it keeps for its own tests
-# (tests/llm/test_real_chat_templates.py renders them as transformers does)
+# checkpoints into GGUF files with it), and what it keeps for its own tests: the chat templates of real
+# models (tests/llm/test_real_chat_templates.py renders them as transformers does) and the vocabularies
+# of real models with the token ids llama.cpp gives sample texts (tests/llm/test_gguf_tokenizer.py)
 SOURCES_ENV = "TORCHBURN_LLAMA_CPP_SOURCES"
-SOURCES_PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "models/templates/")
+SOURCES_PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "models/templates/", "models/ggml-vocab-")
 
 
 def _llama_cpp_sources(session: nox.Session) -> Path:
@@ -316,7 +317,7 @@ def _llama_cpp_sources(session: nox.Session) -> Path:
     version = LLAMA_CPP.split("==")[1]
     cache = Path(os.environ.get("TORCHBURN_WHEEL_CACHE", Path.home() / ".cache" / "torchburn" / "wheels"))
     folder = cache / f"llama.cpp-sources-{version}"
-    if all((folder / part).exists() for part in SOURCES_PARTS):
+    if all(any(folder.glob(part + "*")) for part in SOURCES_PARTS):
         return folder
     session.install("pip")
     with tempfile.TemporaryDirectory() as download:

@@ -1,10 +1,12 @@
 """The tokenizers a GGUF file carries: SentencePiece BPE (``llama``: Llama 2, Mistral, Gemma, Phi-3)
 against ``sentencepiece`` itself on a model trained here, and byte-level BPE (``gpt2``) split by each
-named pretokenizer as worked out by hand from its published rule; BOS where the file asks for it."""
+named pretokenizer as worked out by hand from its published rule; BOS where the file asks for it. Then
+the vocabularies of real models llama.cpp keeps for its tests, against the ids llama.cpp gives."""
 
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 from typing import Any
 
@@ -194,3 +196,35 @@ def test_a_sentencepiece_gguf_model_prompts_with_bos(tmp_path: Path) -> None:
     # a prompt that already starts with BOS (a rendered chat template) keeps one
     assert llm.prompt_ids(sp.id_to_piece(bos) + "Hello") == [bos, *sp.encode("Hello")]
     assert llm.generate("Hello", max_new_tokens=3, temperature=0) is not None
+
+
+# llama.cpp's vocabularies of real models, each with sample texts (.inp) and the ids llama.cpp gives them
+# (.out), in its sources (``nox -s tests`` fetches them and names the folder in this variable); files of
+# tokenizer models or splitting rules not read here (BERT's WordPiece, Gemma 4's, Falcon's, MPT's) are left
+VOCAB_SOURCES_ENV = "TORCHBURN_LLAMA_CPP_SOURCES"
+REAL_VOCABULARIES = {
+    "llama-spm",  # Llama 2, Mistral: SentencePiece
+    "phi-3",
+    "llama-bpe",  # Llama 3
+    "qwen2",
+    "qwen35",
+    "gpt-2",
+    "command-r",
+    "deepseek-coder",
+    "deepseek-llm",
+    "refact",
+    "starcoder",
+}
+
+
+@pytest.mark.parametrize("name", sorted(REAL_VOCABULARIES))
+def test_real_vocabularies_give_llama_cpps_ids(name: str) -> None:
+    folder = os.environ.get(VOCAB_SOURCES_ENV)
+    assert folder, f"{VOCAB_SOURCES_ENV} names a folder of llama.cpp's sources; nox -s tests fetches it"
+    path = Path(folder) / "models" / f"ggml-vocab-{name}.gguf"
+    tok = tk.from_gguf(GGUFHeader(path).fields, str(path))
+    texts = Path(f"{path}.inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    ids = Path(f"{path}.out").read_text(encoding="utf-8").split("\n")
+    assert len(texts) >= 40
+    for text, want in zip(texts, ids, strict=False):
+        assert tok.encode(text, add_special_tokens=False).ids == [int(i) for i in want.split()], repr(text)

@@ -65,6 +65,26 @@ GPT4O_SPLIT = (
 # llama.cpp's rule for files that name none (or "default"): punctuation runs, then GPT-2's split, then
 # digit runs, then those in threes, each splitting the pieces the one before left
 DEFAULT_SPLITS = (r"[\p{P}\$\+<=>\^~\|]+", GPT2_SPLIT.removesuffix(r"|\s+"), r"\p{N}+", r"[0-9][0-9][0-9]")
+# DeepSeek LLM's and Coder's (v1) rules: newlines alone, letter runs (DeepSeek LLM: the letters of its own
+# list of scripts) and punctuation runs each after an optional space, trailing spaces, CJK runs, digits
+_CJK = r"[一-龥ࠀ-一가-퟿]+"
+DEEPSEEK_LLM_SPLITS = (
+    r"[\r\n]",
+    r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
+    r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
+    r"\s+$",
+    _CJK,
+    r"\p{N}+",
+)
+DEEPSEEK_CODER_SPLITS = (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}")
+# Qwen 3.5's: Qwen 2's with combining marks inside words
+QWEN35_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# vocabularies whose pre-tokens that are whole tokens are taken as they are, merges or not (Llama 3's
+# tokenizer.json says "ignore_merges"; a few words, such as " Việt", have no merge path to their token)
+IGNORE_MERGES = frozenset({"llama-bpe", "llama3", "llama-v3", "falcon3", "pixtral", "tekken"})
 PRETOKENIZERS = {
     "default": "default",
     "gpt-2": "gpt2",
@@ -72,6 +92,13 @@ PRETOKENIZERS = {
     "phi-2": "gpt2",
     "llama-bpe": "llama3",
     "llama3": "llama3",
+    "llama-v3": "llama3",
+    "falcon3": "llama3",
+    "pixtral": "llama3",
+    "deepseek-llm": "deepseek-llm",
+    "deepseek-coder": "deepseek-coder",
+    "qwen35": "qwen35",
+    "command-r": "digits",
     "smaug-bpe": "llama3",
     "qwen2": "qwen2",
     "deepseek-r1-qwen": "qwen2",
@@ -153,11 +180,13 @@ def _byte_level_bpe(fields: dict[str, Any], source: str) -> Any:
         left, _, right = m.partition(" ")
         merges.append((left, right))
     types = _token_types(fields, len(tokens), source)
+    pre = fields.get("tokenizer.ggml.pre", "default")
+    whole_tokens_first = pre in IGNORE_MERGES
     try:
-        tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
+        vocab = {t: i for i, t in enumerate(tokens)}
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, ignore_merges=whole_tokens_first))
     except Exception as exc:  # a merge of tokens outside the vocabulary, and the like
         raise ModelLoadError(f"{source}: the GGUF tokenizer cannot be built: {exc}") from exc
-    pre = fields.get("tokenizer.ggml.pre", "default")
     rule = PRETOKENIZERS.get(pre) if isinstance(pre, str) else None
     if rule is None:
         log.warning(
@@ -172,6 +201,9 @@ def _byte_level_bpe(fields: dict[str, Any], source: str) -> Any:
         "qwen2": (QWEN2_SPLIT,),
         "tekken": (TEKKEN_SPLIT,),
         "gpt4o": (GPT4O_SPLIT,),
+        "qwen35": (QWEN35_SPLIT,),
+        "deepseek-llm": DEEPSEEK_LLM_SPLITS,
+        "deepseek-coder": DEEPSEEK_CODER_SPLITS,
         "default": DEFAULT_SPLITS,
     }.get(rule)
     if splits is not None:
