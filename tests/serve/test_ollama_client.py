@@ -177,3 +177,25 @@ def test_bad_requests_are_ollama_errors(
     with pytest.raises(ollama.ResponseError) as caught:
         client(server).chat(model="m", messages=[{"role": "user", "content": "hi", "images": [b"\x89PNG"]}])
     assert caught.value.status_code == 400 and "images" in str(caught.value.error)
+
+
+def test_results_are_paired_with_the_calls_they_answer() -> None:
+    # Ollama sends calls without ids and results in their order; templates that pair them (Mistral's)
+    # need ids on both
+    body = ollama_routes.ChatBody.model_validate(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": "Time in Tokyo and Oslo?"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"function": {"name": "get_time", "arguments": {"city": "Tokyo"}}},
+                    {"function": {"name": "get_time", "arguments": {"city": "Oslo"}}},
+                ]},
+                {"role": "tool", "content": "10:42", "tool_name": "get_time"},
+                {"role": "tool", "content": "03:42", "tool_name": "get_time"},
+            ],
+        }
+    )  # fmt: skip
+    messages = ollama_routes._chat_request(body)["messages"]
+    ids = [c["id"] for c in messages[1]["tool_calls"]]
+    assert len(set(ids)) == 2 and [m["tool_call_id"] for m in messages[2:]] == ids

@@ -229,15 +229,27 @@ def _load_or_unload(body: _Generation) -> str:
 def _chat_request(body: ChatBody) -> dict[str, Any]:
     """``body`` as an OpenAI chat request."""
     messages: list[dict[str, Any]] = []
+    # Ollama's calls carry no ids and its results answer them in order: each call gets one, and each
+    # result the id of the oldest call not yet answered (templates that pair them, as Mistral's do,
+    # need both)
+    unanswered: list[str] = []
     for i, m in enumerate(body.messages):
         if m.images:
             raise bad_request(f"messages[{i}] has images; this model takes text only", f"messages[{i}].images")
         message: dict[str, Any] = {"role": m.role, "content": m.content}
         if m.tool_calls:
+            ids = [f"call{i}x{j}" for j in range(len(m.tool_calls))]
             message["tool_calls"] = [
-                {"type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
-                for c in m.tool_calls
+                {
+                    "id": id_,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": c.function.arguments},
+                }
+                for id_, c in zip(ids, m.tool_calls, strict=True)
             ]
+            unanswered = ids
+        if m.role == "tool" and unanswered:
+            message["tool_call_id"] = unanswered.pop(0)
         if m.tool_name is not None:
             message["name"] = m.tool_name
         messages.append(message)
