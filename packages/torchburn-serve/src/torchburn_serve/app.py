@@ -33,11 +33,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from torchburn_llm.llm import LLM
 
-from . import llama_server, ollama, openai_responses, responses, tools
+from . import llama_server, ollama, openai_responses, reasoning, responses, tools
 from .engine import CANCELLED, Delta, Engine, Handle, Job
 from .errors import APIError, bad_request, error_body
 from .guard import Guard
-from .jobs import JobMaker
+from .jobs import ChatJob, JobMaker
 from .limits import Limits
 from .protocol import ChatRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, TokenizeRequest, parse
 
@@ -173,7 +173,7 @@ def create_app(
         answer = responses.Answer("chatcmpl", server.model_id)
         if req.stream:
             return StreamingResponse(
-                _chat_stream(handle, answer, made.tool_plan, req.include_usage, req.logprobs, release),
+                _chat_stream(handle, answer, made, req.include_usage, req.logprobs, release),
                 media_type="text/event-stream",
                 headers=_SSE_HEADERS,
             )
@@ -182,6 +182,11 @@ def create_app(
             return Response(status_code=CLIENT_CLOSED)
         text, logprobs, finish = _joined(deltas, answer)
         message: dict[str, Any] = {"role": "assistant", "content": text}
+        if made.thinking is not None:
+            thought, text = reasoning.split(text, made.thinking)
+            message["content"] = text
+            if thought:
+                message["reasoning_content"] = thought
         if made.tool_plan is not None:
             content, calls = tools.finished_answer(text, made.tool_plan, finish)
             message["content"] = content
@@ -421,12 +426,14 @@ def _joined(deltas: list[Delta], answer: responses.Answer) -> tuple[str, list[An
 async def _chat_stream(
     handle: Handle,
     answer: responses.Answer,
-    tool_plan: tools.ToolPlan | None,
+    made: ChatJob,
     include_usage: bool,
     logprobs: bool,
     release: Callable[[], None],
 ) -> AsyncIterator[bytes]:
     usage_field = {"usage": None} if include_usage else {}
+    tool_plan = made.tool_plan
+    splitter = None if made.thinking is None else reasoning.ReasoningSplitter(made.thinking)
 
     def chunk(delta: dict[str, Any], finish: str | None = None, lps: Any = None) -> bytes:
         choice = {"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish}
@@ -442,10 +449,16 @@ async def _chat_stream(
             answer.prompt_tokens, answer.completion_tokens = delta.prompt_tokens, delta.completion_tokens
             answer.cached_tokens = delta.cached_tokens
             lps = responses.chat_logprobs(delta.logprobs) if logprobs and delta.logprobs else None
+            thought, text = splitter.push(delta.text) if splitter is not None else ("", delta.text)
+            if delta.finish is not None and splitter is not None:
+                more_thought, more_text = splitter.finish()
+                thought, text = thought + more_thought, text + more_text
+            if thought:
+                yield chunk({"reasoning_content": thought})
             if tool_plan is not None:
-                held.append(delta.text)
-            elif delta.text or lps is not None:
-                yield chunk({"content": delta.text}, lps=lps)
+                held.append(text)
+            elif text or lps is not None:
+                yield chunk({"content": text}, lps=lps)
             if delta.finish is not None:
                 finish = delta.finish
                 if tool_plan is not None:

@@ -10,7 +10,7 @@ from typing import Any
 from torchburn_llm.errors import ChatTemplateError
 from torchburn_llm.llm import LLM
 
-from . import tools
+from . import reasoning, tools
 from .engine import Job
 from .errors import APIError, bad_request
 from .grammar import Constraint, Vocabulary
@@ -24,6 +24,8 @@ _SEED_BITS = (1 << 64) - 1
 class ChatJob:
     job: Job
     tool_plan: tools.ToolPlan | None
+    # None: the answer's thinking stays in its content; else whether the prompt leaves it thinking
+    thinking: bool | None = None
 
 
 class JobMaker:
@@ -57,7 +59,7 @@ class JobMaker:
             tools.parse_tools(req.tools), req.tool_choice, self.template_knows_tools, req.parallel_tool_calls
         )
         messages = req.plain_messages(native_tools=plan is not None and plan.native)
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = dict(req.chat_template_kwargs or {})
         if plan is not None and plan.native:
             extra["tools"] = [t.as_openai() for t in plan.tools]
         elif plan is not None:
@@ -85,7 +87,8 @@ class JobMaker:
         constraint = None if schema is None else self._constraint(schema, param or "response_format")
         top = (req.top_logprobs or 0) if req.logprobs else None
         job = self._job(req, prompt, req.requested_tokens(), top, constraint)
-        return ChatJob(job, plan)
+        thinking = None if req.reasoning_format == "none" else reasoning.prompt_opens_thinking(text)
+        return ChatJob(job, plan, thinking)
 
     # --- text completions ----------------------------------------------------------------------
 

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from typing import Any, Literal, cast
 
@@ -14,6 +15,9 @@ from . import json_text
 from .errors import APIError, bad_request
 
 MAX_STOP_LENGTH = 256
+# what the server itself gives a chat template
+TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+MAX_TEMPLATE_KWARGS_BYTES = 16 << 10
 
 
 class _Body(BaseModel):
@@ -141,6 +145,22 @@ class ChatRequest(Sampling):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = False  # llama-server's default: one call per answer
+    # llama-server's: where thinking goes (see reasoning.py), and further variables for the chat template
+    # ({"enable_thinking": false} for Qwen3)
+    reasoning_format: Literal["auto", "deepseek", "deepseek-legacy", "none"] = "auto"
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+        if not kwargs:
+            return kwargs
+        taken = sorted(set(kwargs) & TEMPLATE_VARIABLES)
+        if taken:
+            raise ValueError(f"{', '.join(taken)} are set by the server, not by chat_template_kwargs")
+        if len(json.dumps(kwargs)) > MAX_TEMPLATE_KWARGS_BYTES:
+            raise ValueError(f"chat_template_kwargs may hold at most {MAX_TEMPLATE_KWARGS_BYTES:,} bytes of JSON")
+        return kwargs
 
     def requested_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
