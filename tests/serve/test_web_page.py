@@ -337,3 +337,31 @@ def test_model_output_is_text_not_html(page: WebDriver) -> None:
     assert page.execute_script("return window.__owned") is None
     assert "4 tokens" in answer.find_element(By.CLASS_NAME, "stats").text
     assert not page.find_element(By.ID, "error").is_displayed()
+
+
+def test_thinking_shows_apart_and_stays_out_of_the_history(page: WebDriver) -> None:
+    def chunk(delta: dict[str, str]) -> str:
+        body = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+        return f"data: {json.dumps(body)}\n\n"
+
+    events = [
+        chunk({"role": "assistant", "content": ""}),
+        chunk({"reasoning_content": "The user asks <b>which</b> city."}),
+        chunk({"reasoning_content": " France's capital is Paris."}),
+        chunk({"content": "Paris."}),
+        "data: [DONE]\n\n",
+    ]
+    page.execute_script(STUB_FETCH, "stream", events)
+    answer = ask(page, "Capital of France?")
+    wait_idle(page, timeout=10)
+    thinking = answer.find_element(By.CSS_SELECTOR, "details.thinking")
+    assert thinking.get_attribute("open") is None  # folded once the answer started
+    text = answer.find_element(By.CLASS_NAME, "thinking-text").get_attribute("textContent")
+    assert text == "The user asks <b>which</b> city. France's capital is Paris."
+    assert answer.find_elements(By.CSS_SELECTOR, ".thinking-text b") == []
+    assert content(answer) == "Paris."
+    page.execute_script(RECORD_FETCHES)
+    ask(page, "And of Spain?")
+    wait_idle(page)
+    sent = chat_requests(page)[-1]["messages"]
+    assert [m["content"] for m in sent] == ["Capital of France?", "Paris.", "And of Spain?"]

@@ -151,6 +151,22 @@
     return { item, bubble, content, stats: item.querySelector(".stats") };
   }
 
+  function thinkingOf(view) {
+    if (!view.thinking) {
+      const box = document.createElement("details");
+      box.className = "thinking";
+      box.open = true;
+      const summary = document.createElement("summary");
+      summary.textContent = "Thinking";
+      const text = document.createElement("div");
+      text.className = "thinking-text";
+      box.append(summary, text);
+      view.bubble.insertBefore(box, view.content);
+      view.thinking = { box, text };
+    }
+    return view.thinking;
+  }
+
   function markStopped(view) {
     const tag = document.createElement("span");
     tag.className = "stopped";
@@ -304,7 +320,10 @@
           if (!choice) return;
           if (choice.finish_reason) finishReason = choice.finish_reason;
           const piece = choice.delta && choice.delta.content;
-          if (typeof piece === "string" && piece.length > 0) {
+          // a reasoning model's thinking (reasoning_content) shows apart, folded once the answer starts
+          const thought = choice.delta && choice.delta.reasoning_content;
+          for (const [text, isThought] of [[thought, true], [piece, false]]) {
+            if (typeof text !== "string" || text.length === 0) continue;
             const now = performance.now();
             if (firstAt === null) {
               firstAt = now;
@@ -312,9 +331,14 @@
             }
             lastAt = now;
             pieces += 1;
-            answer += piece;
             const follow = nearBottom();
-            view.content.append(piece); // a text node: never parsed as HTML
+            if (isThought) {
+              thinkingOf(view).text.append(text); // a text node: never parsed as HTML
+            } else {
+              answer += text;
+              if (view.thinking) view.thinking.box.open = false;
+              view.content.append(text);
+            }
             if (follow) scrollToBottom();
           }
         });
