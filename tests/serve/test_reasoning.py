@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import httpx
+import ollama
 import pytest
 import torch
 
@@ -102,3 +103,19 @@ def test_thinking_goes_to_reasoning_content(start_server: object, thinking_model
     assert raw["content"] == _answer(llm) and "reasoning_content" not in raw
     bad = httpx.post(url, json={**body, "chat_template_kwargs": {"messages": []}}, timeout=60)
     assert bad.status_code == 400 and "set by the server" in bad.json()["error"]["message"]
+
+
+def test_ollama_chat_returns_thinking_apart(start_server: object, thinking_model: Path) -> None:
+    server: ServerProcess = start_server("--model", str(thinking_model))  # type: ignore[operator]
+    llm = LLM.from_pretrained(thinking_model)
+    client = ollama.Client(host=server.url)
+    options = {"temperature": 0, "num_predict": 12}
+    thought, content = reasoning.split(_answer(llm), True)
+    whole = client.chat(model="m", messages=QUESTION, options=options).message
+    assert (whole.thinking, whole.content) == (thought, content) and thought
+    parts = list(client.chat(model="m", messages=QUESTION, options=options, stream=True))
+    assert "".join(p.message.thinking or "" for p in parts) == thought
+    assert "".join(p.message.content or "" for p in parts) == content
+    # think=False: the template is asked not to think, and the answer is all content
+    off = client.chat(model="m", messages=QUESTION, options=options, think=False).message
+    assert off.content == _answer(llm, enable_thinking=False) and not off.thinking

@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import Field
 
-from . import tools
+from . import reasoning, tools
 from .engine import CANCELLED, Delta, Handle
 from .errors import APIError, bad_request
 from .protocol import ChatRequest, CompletionRequest, EmbeddingRequest, _Body, parse, validated
@@ -74,6 +74,9 @@ class _Generation(_Body):
 class ChatBody(_Generation):
     messages: list[Message] = Field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
+    # a reasoning model's thinking comes back as message.thinking; false asks the template not to think
+    # (Qwen3's enable_thinking)
+    think: bool | None = None
 
 
 class GenerateBody(_Generation):
@@ -165,11 +168,11 @@ def add_routes(app: FastAPI, server: Any, embed: Callable[[EmbeddingRequest], Aw
         plan = made.tool_plan
 
         if body.stream:
-            return _streamed(handle, server, started, plan, release)
+            return _streamed(handle, server, started, plan, release, thinking=made.thinking)
         deltas = await _collect(handle, request, release)
         if deltas is None:
             return Response(status_code=499)
-        return JSONResponse(_whole(deltas, server, started, plan))
+        return JSONResponse(_whole(deltas, server, started, plan, thinking=made.thinking))
 
     @app.post("/api/generate")
     @ollama_errors
@@ -253,7 +256,9 @@ def _chat_request(body: ChatBody) -> dict[str, Any]:
         if m.tool_name is not None:
             message["name"] = m.tool_name
         messages.append(message)
-    request = {"messages": messages, **_sampling(body)}
+    request: dict[str, Any] = {"messages": messages, **_sampling(body)}
+    if body.think is False:
+        request["chat_template_kwargs"] = {"enable_thinking": False}
     if body.tools:
         request["tools"] = body.tools
     return request
@@ -288,7 +293,10 @@ def _streamed(
     plan: tools.ToolPlan | None,
     release: Callable[[], None],
     key: str = "message",
+    thinking: bool | None = None,
 ) -> StreamingResponse:
+    splitter = None if thinking is None else reasoning.ReasoningSplitter(thinking)
+
     async def lines() -> AsyncIterator[bytes]:
         first = 0.0
         held: list[str] = []  # a tool-calling answer is read whole before it is sent
@@ -300,10 +308,16 @@ def _streamed(
                 if delta.finish == CANCELLED:
                     return
                 first = first or delta.made
+                thought, text = splitter.push(delta.text) if splitter is not None else ("", delta.text)
+                if delta.finish is not None and splitter is not None:
+                    more_thought, more_text = splitter.finish()
+                    thought, text = thought + more_thought, text + more_text
+                if thought:
+                    yield _line({**_head(server), key: {**_piece(key, ""), "thinking": thought}, "done": False})
                 if plan is not None:
-                    held.append(delta.text)
-                elif delta.text:
-                    yield _line({**_head(server), key: _piece(key, delta.text), "done": False})
+                    held.append(text)
+                elif text:
+                    yield _line({**_head(server), key: _piece(key, text), "done": False})
                 if delta.finish is not None:
                     last = {**_head(server), key: _piece(key, "")}
                     if plan is not None:
@@ -322,10 +336,16 @@ def _whole(
     started: float,
     plan: tools.ToolPlan | None,
     key: str = "message",
+    thinking: bool | None = None,
 ) -> dict[str, Any]:
     text = "".join(d.text for d in deltas)
+    thought = ""
+    if thinking is not None:
+        thought, text = reasoning.split(text, thinking)
     last = deltas[-1]
     value = _piece(key, text) if plan is None else _with_calls(text, plan, last.finish or "stop")
+    if thought:
+        value["thinking"] = thought
     return {**_head(server), key: value, **_counts(last, started, deltas[0].made)}
 
 
