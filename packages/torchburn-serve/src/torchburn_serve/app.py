@@ -449,10 +449,7 @@ async def _chat_stream(
             answer.prompt_tokens, answer.completion_tokens = delta.prompt_tokens, delta.completion_tokens
             answer.cached_tokens = delta.cached_tokens
             lps = responses.chat_logprobs(delta.logprobs) if logprobs and delta.logprobs else None
-            thought, text = splitter.push(delta.text) if splitter is not None else ("", delta.text)
-            if delta.finish is not None and splitter is not None:
-                more_thought, more_text = splitter.finish()
-                thought, text = thought + more_thought, text + more_text
+            thought, text = reasoning.pieces(splitter, delta.text, delta.finish is not None)
             if thought:
                 yield chunk({"reasoning_content": thought})
             if tool_plan is not None:

@@ -308,10 +308,7 @@ def _streamed(
                 if delta.finish == CANCELLED:
                     return
                 first = first or delta.made
-                thought, text = splitter.push(delta.text) if splitter is not None else ("", delta.text)
-                if delta.finish is not None and splitter is not None:
-                    more_thought, more_text = splitter.finish()
-                    thought, text = thought + more_thought, text + more_text
+                thought, text = reasoning.pieces(splitter, delta.text, delta.finish is not None)
                 if thought:
                     yield _line({**_head(server), key: {**_piece(key, ""), "thinking": thought}, "done": False})
                 if plan is not None:

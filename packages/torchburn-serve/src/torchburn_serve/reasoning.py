@@ -62,6 +62,18 @@ class ReasoningSplitter:
         return "", "" if self._state == "after" else held
 
 
+def pieces(splitter: ReasoningSplitter | None, text: str, last: bool) -> tuple[str, str]:
+    """(reasoning, content) of the next piece of a streamed answer (``last``: the answer ends with it);
+    without a splitter, all of it is content."""
+    if splitter is None:
+        return "", text
+    reasoning, content = splitter.push(text)
+    if last:
+        more_reasoning, more_content = splitter.finish()
+        reasoning, content = reasoning + more_reasoning, content + more_content
+    return reasoning, content
+
+
 def split(text: str, inside: bool) -> tuple[str, str]:
     """A whole answer's (reasoning, content)."""
     splitter = ReasoningSplitter(inside)
