@@ -9,6 +9,7 @@ in ``TORCHBURN_LLAMA_CPP_SOURCES``."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -187,3 +188,33 @@ def test_converted_q8_0_file_runs_as_stored(tmp_path: Path, converter: Path, tok
     for path_kind in ("prefill", "decode"):
         got = teacher_forced_logits(stored, ids, path_kind)
         torch.testing.assert_close(got, want, rtol=0, atol=2e-3 * float(want.abs().max()), msg=path_kind)
+
+
+DEFAULT_TEMPLATE = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant]"
+TOOL_TEMPLATE = "TOOLS {{ tools | tojson }}\n" + DEFAULT_TEMPLATE
+
+
+def test_a_tool_use_template_is_read_from_the_folder_and_the_converted_file(
+    tmp_path: Path, converter: Path, tokenizer_files: Path
+) -> None:
+    # as transformers saves them: chat_template.jinja, and the named ones in additional_chat_templates/;
+    # llama.cpp's converter stores the latter as tokenizer.chat_template.tool_use
+    vocab = len(transformers.AutoTokenizer.from_pretrained(tokenizer_files))
+    folder = tmp_path / "hf"
+    _tiny_checkpoint("llama", folder, tokenizer_files, vocab)
+    (folder / "chat_template.jinja").write_text(DEFAULT_TEMPLATE)
+    (folder / "additional_chat_templates").mkdir()
+    (folder / "additional_chat_templates" / "tool_use.jinja").write_text(TOOL_TEMPLATE)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    path = tmp_path / "llama.gguf"
+    _convert(converter, folder, path, "f32")
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    for source in (folder, path):
+        llm = LLM.from_pretrained(source)
+        assert (llm.chat_template, llm.tool_chat_template) == (DEFAULT_TEMPLATE, TOOL_TEMPLATE), source
+        assert llm.apply_chat_template(messages) == "[user] Weather in Paris?\n[assistant]"
+        with_tools = llm.apply_chat_template(messages, tools=tools)
+        assert with_tools == f"TOOLS {json.dumps(tools)}\n[user] Weather in Paris?\n[assistant]"

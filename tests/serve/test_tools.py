@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
-from torchburn_llm import chat_template
+from torchburn_llm import LLM, chat_template, default_model_path
 from torchburn_serve import grammar, protocol, tools
 from torchburn_serve.errors import APIError
+from torchburn_serve.jobs import JobMaker
+from torchburn_serve.limits import Limits
 
 WEATHER = {
     "type": "function",
@@ -20,6 +23,8 @@ WEATHER = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
 }
+# a template that knows nothing of tools
+PLAIN = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:"
 # a Hermes-style template that formats tools itself (as Qwen's do)
 HERMES = (
     "{% if tools %}<|im_start|>system\nTools:\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
@@ -218,3 +223,27 @@ def test_generic_format_messages_and_answers() -> None:
     assert content is None and calls[0]["function"]["name"] == "get_weather"
     assert tools.read_answer('{"response": "It is cold."}', plan) == ("It is cold.", [])
     assert tools.read_answer('{"tool_ca', plan) == ('{"tool_ca', [])  # cut short: kept as text
+
+
+def test_a_models_tool_use_template_formats_requests_with_tools(tmp_path: Path) -> None:
+    # Hermes 2 Pro and Command-R ship a template for requests with tools apart from their chat template
+    transformers = pytest.importorskip("transformers")
+    gguf = default_model_path()
+    tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tok.save_pretrained(tmp_path)
+    config = transformers.LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path, safe_serialization=True)
+    (tmp_path / "chat_template.jinja").write_text(PLAIN)
+    (tmp_path / "additional_chat_templates").mkdir()
+    (tmp_path / "additional_chat_templates" / "tool_use.jinja").write_text(HERMES)
+    maker = JobMaker(LLM.from_pretrained(tmp_path), Limits())
+    assert maker.template_knows_tools  # the default template does not read tools; the tool-use one does
+    messages = [{"role": "user", "content": "Weather in Oslo?"}]
+    with_tools = protocol.ChatRequest.model_validate({"messages": messages, "tools": [WEATHER]})
+    text, plan = maker.chat_prompt(with_tools)
+    assert plan is not None and plan.native and text.startswith("<|im_start|>system\nTools:\n" + json.dumps(WEATHER))
+    text, plan = maker.chat_prompt(protocol.ChatRequest.model_validate({"messages": messages}))
+    assert plan is None and text == "user: Weather in Oslo?\nassistant:"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,16 @@ class _Refusal(ValueError):
     """The template's own ``raise_exception``: it refuses the messages (a request error, not a bad model)."""
 
 
-def from_folder(folder: Path) -> str | None:
+def from_folder(folder: Path, name: str = "default") -> str | None:
     """``chat_template.jinja``, else ``tokenizer_config.json``'s ``chat_template`` (a string, or the
-    one named "default" in a list of named templates)."""
-    jinja = folder / "chat_template.jinja"
+    one named "default" in a list of named templates). Another ``name`` (``tool_use``: the template for
+    requests with tools) is read from ``additional_chat_templates/NAME.jinja`` or that list."""
+    if name == "default":
+        jinja = folder / "chat_template.jinja"
+    elif _TEMPLATE_NAME.fullmatch(name):
+        jinja = folder / "additional_chat_templates" / f"{name}.jinja"
+    else:
+        raise ValueError(f"a chat template name is letters, digits and '_', not {name!r}")
     if files.present(jinja):
         return files.read_text(jinja, folder, files.MAX_TEMPLATE_BYTES)
     config = folder / "tokenizer_config.json"
@@ -32,8 +39,13 @@ def from_folder(folder: Path) -> str | None:
     template = files.read_json_object(config, folder).get("chat_template")
     if isinstance(template, list):
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = named.get("default")
+        template = named.get(name)
+    elif name != "default":
+        return None
     return template if isinstance(template, str) else None
+
+
+_TEMPLATE_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
 
 
 def _strftime_now(fmt: str) -> str:

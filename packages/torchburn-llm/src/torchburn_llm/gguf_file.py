@@ -431,9 +431,12 @@ class GGUFCheckpoint:
             return _unpermute_rows(w, self.config.num_heads if "q_proj" in name else self.config.num_kv_heads)
         return w
 
-    def chat_template(self) -> str | None:
-        template = self.field("tokenizer.chat_template")
-        return None if template is None else text(template, "tokenizer.chat_template", str(self.path))
+    def chat_template(self, name: str | None = None) -> str | None:
+        """The file's chat template, or with ``name`` one of its named ones (``tool_use``: the template
+        for requests with tools, as Hermes 2 Pro and Command-R ship one)."""
+        key = "tokenizer.chat_template" + (f".{name}" if name else "")
+        template = self.field(key)
+        return None if template is None else text(template, key, str(self.path))
 
 
 def _hf_row_order(rows: int, heads: int) -> list[int]:

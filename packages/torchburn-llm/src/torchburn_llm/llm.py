@@ -73,9 +73,12 @@ class LLM:
         template: str | None = None,
         defaults: SamplingParams | None = None,
         eos_ids: Sequence[int] = (),
+        tool_template: str | None = None,
     ) -> None:
         self.architecture, self.config, self.model = arch, cfg, model
         self.tokenizer, self.chat_template = tokenizer, template
+        # the template for requests with tools, where the model ships one apart (Hermes 2 Pro, Command-R)
+        self.tool_chat_template = tool_template
         self.defaults = defaults or SamplingParams()
         self.eos_ids = tuple(eos_ids) or cfg.eos_token_ids
         # what the tokenizer puts before a prompt (BOS where the model was trained with one)
@@ -114,8 +117,8 @@ class LLM:
         path = Path(path)
         if path.suffix == ".gguf":
             refuse_split(path)
-            arch, cfg, model, (tokenizer, template) = load_gguf(path, progress, quant or STORED)
-            return cls(arch, cfg, model, tokenizer, template)
+            arch, cfg, model, (tokenizer, template, tool_template) = load_gguf(path, progress, quant or STORED)
+            return cls(arch, cfg, model, tokenizer, template, tool_template=tool_template)
         if quant == STORED:
             raise ValueError(
                 f"quant='stored' keeps a GGUF file's own types; {path} is a checkpoint folder: choose one of "
@@ -125,7 +128,8 @@ class LLM:
         defaults, eos = _generation_config(path, cfg)
         tokenizer = tokenizer_from_folder(path)
         check_vocabulary(tokenizer, cfg.vocab_size, str(path))
-        return cls(arch, cfg, model, tokenizer, chat_template.from_folder(path), defaults, eos)
+        templates = chat_template.from_folder(path), chat_template.from_folder(path, "tool_use")
+        return cls(arch, cfg, model, tokenizer, templates[0], defaults, eos, tool_template=templates[1])
 
     # --- token level --------------------------------------------------------------------------
 
@@ -236,8 +240,10 @@ class LLM:
         self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any
     ) -> str:
         """The prompt the model's chat template makes of ``messages``; ``extra`` are further template
-        variables (``tools=[...]`` for a template that formats tool definitions)."""
-        if self.chat_template is None:
+        variables (``tools=[...]`` for a template that formats tool definitions: the model's template for
+        tools where it ships one apart, as transformers picks it)."""
+        template = self.tool_chat_template if extra.get("tools") and self.tool_chat_template else self.chat_template
+        if template is None:
             raise ModelLoadError("this model ships no chat template; use generate() with a plain prompt")
         tokens = self.tokenizer
         special = {}
@@ -247,7 +253,7 @@ class LLM:
         ):
             if tid is not None and tokens is not None:
                 special[key] = tokens.id_to_token(int(tid))
-        return chat_template.render(self.chat_template, messages, add_generation_prompt, **extra, **special)
+        return chat_template.render(template, messages, add_generation_prompt, **extra, **special)
 
     def chat_completion(self, messages: Sequence[dict[str, str]], max_new_tokens: int = 256, **options: Any) -> str:
         """The assistant's reply to ``messages`` (dicts with ``role`` and ``content``)."""

@@ -110,8 +110,9 @@ def _lazy_tensors(
 def load_gguf(
     path: str | Path, progress: Progress | None = None, quant: str = STORED
 ) -> tuple[Architecture, ModelConfig, Transformer, Any]:
-    """Load a ``.gguf`` file with the tokenizer and chat template it carries (as a pair: the file's
-    metadata is parsed once, which is most of a small model's load time).
+    """Load a ``.gguf`` file with the tokenizer and chat templates it carries (the tokenizer, the chat
+    template and the one for requests with tools: the file's metadata is parsed once, which is most of a
+    small model's load time).
 
     ``stored`` (the default) keeps every matrix in the file's own type, read in place from the mapped
     file: only the norms are read into memory. Another ``quant`` dequantizes to fp32 and converts (under
@@ -127,7 +128,7 @@ def load_gguf(
     cfg = checkpoint.config
     tok = tokenizer.from_gguf(checkpoint.fields, str(path))
     tokenizer.check_vocabulary(tok, cfg.vocab_size, str(path))
-    template = checkpoint.chat_template()
+    template, tool_template = checkpoint.chat_template(), checkpoint.chat_template("tool_use")
     arch = architecture_for(cfg.model_type)
     arch.check(cfg, checkpoint.shapes, str(path))
     packed: dict[str, Any] = {}
@@ -177,4 +178,4 @@ def load_gguf(
     )
     tensors = arch.split_fused(cfg, checkpoint.load(rest, progress=None if quant == STORED else progress))
     model = Transformer(arch, cfg, tensors, quant, packed)
-    return arch, cfg, model, (tok, template)
+    return arch, cfg, model, (tok, template, tool_template)

@@ -33,8 +33,8 @@ class JobMaker:
         self.llm, self.limits = llm, limits
         self._vocabulary: Vocabulary | None = None
         self._lock = threading.Lock()
-        template = llm.chat_template or ""
-        self.template_knows_tools = "tools" in template
+        # a template for requests with tools, or a chat template that reads them, formats tools itself
+        self.template_knows_tools = llm.tool_chat_template is not None or "tools" in (llm.chat_template or "")
 
     @property
     def context(self) -> int:

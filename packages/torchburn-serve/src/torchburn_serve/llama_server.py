@@ -53,6 +53,7 @@ def add_routes(app: FastAPI, server: Any) -> None:
             "total_slots": server.limits.max_batch,
             "model_path": server.model_id,
             "chat_template": server.llm.chat_template or "",
+            "chat_template_tool_use": server.llm.tool_chat_template or "",
             "build_info": "torchburn",
         }
 
