@@ -219,10 +219,11 @@ def _read_native(text: str, tools: tuple[Tool, ...]) -> tuple[str | None, list[d
         rest = _NATIVE_CALL.sub("", text).strip()
         return rest or None, calls
     whole = _MISTRAL_MARKERS.sub("", text).strip()
-    bare = _json_call(whole, names)
+    value = _json_value(whole)
+    bare = _call_object(value, names)
     if bare is not None:
         return None, [bare]
-    listed = _json_calls(whole, names)
+    listed = _call_list(value, names)
     if listed:
         return None, listed
     named = _named_calls(whole, names)
@@ -233,15 +234,11 @@ def _read_native(text: str, tools: tuple[Tool, ...]) -> tuple[str | None, list[d
 _MISTRAL_MARKERS = re.compile(r"\[TOOL_CALLS\]|\[ARGS\]|\[CALL_ID\][A-Za-z0-9]*")
 
 
-def _json_calls(text: str, names: set[str]) -> list[dict[str, Any]]:
+def _call_list(value: Any, names: set[str]) -> list[dict[str, Any]]:
     """A JSON list of call objects, all of offered tools; else none."""
-    try:
-        value = json_text.loads(text)
-    except ValueError:
-        return []
     if not isinstance(value, list) or not value:
         return []
-    calls = [_json_call(json.dumps(item), names) for item in value]
+    calls = [_call_object(item, names) for item in value]
     return [c for c in calls if c is not None] if all(c is not None for c in calls) else []
 
 
@@ -249,8 +246,9 @@ def _named_calls(text: str, names: set[str]) -> list[dict[str, Any]]:
     """``name{...}name{...}``: each an offered tool's name and a JSON object of arguments, back to back."""
     calls, at = [], 0
     decoder = json.JSONDecoder()
+    longest_first = sorted(names, key=len, reverse=True)
     while at < len(text):
-        name = next((n for n in sorted(names, key=len, reverse=True) if text.startswith(n + "{", at)), None)
+        name = next((n for n in longest_first if text.startswith(n + "{", at)), None)
         if name is None:
             return []
         try:
@@ -266,11 +264,20 @@ def _named_calls(text: str, names: set[str]) -> list[dict[str, Any]]:
     return calls
 
 
-def _json_call(text: str, names: set[str]) -> dict[str, Any] | None:
+def _json_value(text: str) -> Any:
+    """``text`` as JSON, or None where it is not JSON."""
     try:
-        value = json_text.loads(text)
+        return json_text.loads(text)
     except ValueError:
         return None
+
+
+def _json_call(text: str, names: set[str]) -> dict[str, Any] | None:
+    return _call_object(_json_value(text), names)
+
+
+def _call_object(value: Any, names: set[str]) -> dict[str, Any] | None:
+    """A call of an offered tool from its JSON object (``arguments``, or Llama 3.1's ``parameters``)."""
     if not isinstance(value, dict) or value.get("name") not in names:
         return None
     return _call(value["name"], value.get("arguments", value.get("parameters", {})))
