@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import anthropic
 import httpx
 import ollama
 import pytest
@@ -119,3 +120,22 @@ def test_ollama_chat_returns_thinking_apart(start_server: object, thinking_model
     # think=False: the template is asked not to think, and the answer is all content
     off = client.chat(model="m", messages=QUESTION, options=options, think=False).message
     assert off.content == _answer(llm, enable_thinking=False) and not off.thinking
+
+
+def test_anthropic_messages_return_thinking_blocks(start_server: object, thinking_model: Path) -> None:
+    server: ServerProcess = start_server("--model", str(thinking_model))  # type: ignore[operator]
+    llm = LLM.from_pretrained(thinking_model)
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+    # greedy: the client sends temperature in the body, as older clients did
+    request = {"model": "m", "max_tokens": 12, "extra_body": {"temperature": 0}, "messages": QUESTION}
+    thought, content = reasoning.split(_answer(llm), True)
+    assert thought and not content  # the random model never closes the block
+    whole = client.messages.create(**request)  # type: ignore[call-overload]
+    assert [(b.type, b.thinking) for b in whole.content] == [("thinking", thought)]
+    with client.messages.stream(**request) as stream:
+        events = list(stream)
+    assert "".join(e.delta.thinking for e in events if e.type == "content_block_delta") == thought  # type: ignore[union-attr]
+    assert stream.get_final_message().content == whole.content
+    # thinking disabled: the template is asked not to think, and the answer is all text
+    off = client.messages.create(**request, thinking={"type": "disabled"})  # type: ignore[call-overload]
+    assert [(b.type, b.text) for b in off.content] == [("text", _answer(llm, enable_thinking=False))]

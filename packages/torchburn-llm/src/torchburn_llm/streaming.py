@@ -23,6 +23,7 @@ class TextStream:
         self.read = 0  # ids up to here are in `text`
         self.sent = 0  # characters of `text` already handed out
         self.stopped = False
+        self.stopped_by: str | None = None  # the stop string that ended the text
 
     def push(self, token: int) -> str:
         """Add a token; return the text that is now safe to show (maybe empty)."""
@@ -35,7 +36,7 @@ class TextStream:
         for s in self.stop:
             at = text.find(s, max(0, self.sent - len(s)))
             if at != -1:
-                self.stopped = True
+                self.stopped, self.stopped_by = True, s
                 return self._take(text[:at])
         end = len(text) - self._held_back(text)
         return self._take(text[: max(end, self.sent)])

@@ -1,9 +1,10 @@
 """The HTTP routes: OpenAI's chat and text completions (whole or streamed as server-sent events),
-its Responses API (:mod:`~torchburn_serve.openai_responses`), embeddings and models, Ollama's API
+its Responses API (:mod:`~torchburn_serve.openai_responses`), embeddings and models, Anthropic's
+Messages API (:mod:`~torchburn_serve.anthropic_messages`), Ollama's API
 (:mod:`~torchburn_serve.ollama`), ``/health``, llama-server's ``/completion`` and ``/props``
-(:mod:`~torchburn_serve.llama_server`), ``/tokenize`` and ``/detokenize``, and the chat page at ``/``. The OpenAI routes
-also answer without their ``/v1`` prefix, as llama-server's do (a client whose base URL lacks it
-still works).
+(:mod:`~torchburn_serve.llama_server`), ``/tokenize`` and ``/detokenize``, and the chat page at
+``/``. The OpenAI routes also answer without their ``/v1`` prefix, as llama-server's do (a client
+whose base URL lacks it still works).
 
 Each generation is a job for the :class:`~torchburn_serve.engine.Engine`; its deltas come back on the
 event loop and are written out as they arrive. A client that goes away cancels its job (a stream's
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import datetime
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -33,7 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from torchburn_llm.llm import LLM
 
-from . import llama_server, ollama, openai_responses, reasoning, responses, tools
+from . import anthropic_messages, llama_server, ollama, openai_responses, reasoning, responses, tools
 from .engine import CANCELLED, Delta, Engine, Handle, Job
 from .errors import APIError, bad_request, error_body
 from .guard import Guard
@@ -126,7 +128,8 @@ def create_app(
         allow_origins=list(cors_origins),
         allow_origin_regex=LOOPBACK_ORIGINS,
         allow_methods=["GET", "POST", "OPTIONS"],
-        allow_headers=["Authorization", "Content-Type"],
+        # Anthropic's browser clients send their key and version in headers of their own
+        allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version", "anthropic-beta"],
         max_age=600,
     )
 
@@ -156,7 +159,9 @@ def create_app(
     @app.get("/v1/models")
     @app.get("/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [_model_card(server)]}
+        card = _model_card(server)
+        # Anthropic's clients page through the list by these
+        return {"object": "list", "data": [card], "has_more": False, "first_id": card["id"], "last_id": card["id"]}
 
     @app.get("/v1/models/{model_id:path}")
     @app.get("/models/{model_id:path}")
@@ -281,6 +286,7 @@ def create_app(
 
     ollama.add_routes(app, server, embed_texts)
     openai_responses.add_routes(app, server)
+    anthropic_messages.add_routes(app, server)
     llama_server.add_routes(app, server)
 
     @app.get("/")
@@ -327,6 +333,10 @@ def _model_card(server: Server) -> dict[str, Any]:
         "object": "model",
         "created": server.started,
         "owned_by": "torchburn",
+        # as Anthropic's clients read a model
+        "type": "model",
+        "display_name": server.model_id,
+        "created_at": datetime.datetime.fromtimestamp(server.started, datetime.UTC).isoformat().replace("+00:00", "Z"),
         "meta": {
             "architecture": server.llm.architecture.name,
             "quant": server.llm.model.quant,

@@ -61,6 +61,7 @@ class Delta:
     text: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish: str | None = None  # "stop" (EOS, a stop string, the grammar's end), "length" or CANCELLED
+    stop_sequence: str | None = None  # the stop string that ended the answer, with the last delta
     error: APIError | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -416,6 +417,7 @@ class Engine:
     def _finish(self, seq: _Sequence, delta: Delta, reason: str) -> None:
         delta.text += seq.text.finish()
         delta.finish, delta.completion_tokens = reason, seq.generated
+        delta.stop_sequence = seq.text.stopped_by
         seq.done = True
         if not seq.handle.cancelled:  # before the delta goes out: its reader cancels once it has it
             self._prefixes.put(seq.ids, seq.cache)

@@ -1,5 +1,6 @@
 """Errors as the OpenAI API reports them: an HTTP status and ``{"error": {"message", "type", "param",
-"code"}}``, so that clients raise their usual exceptions (``openai.BadRequestError`` for a 400, ...).
+"code"}}``, so that clients raise their usual exceptions (``openai.BadRequestError`` for a 400, ...);
+on Anthropic's routes as Anthropic reports them (``{"type": "error", "error": {"type", "message"}}``).
 Nothing the server answers carries a traceback."""
 
 from __future__ import annotations
@@ -21,6 +22,19 @@ _TYPES = {
 }
 
 
+# Anthropic's error types by status
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+ANTHROPIC_PATHS = ("/v1/messages",)  # the routes whose errors are Anthropic's
+
+
 class APIError(Exception):
     """A request the server refuses or cannot serve; ``param`` names the request field at fault."""
 
@@ -38,6 +52,11 @@ class APIError(Exception):
 def error_body(status: int, message: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:

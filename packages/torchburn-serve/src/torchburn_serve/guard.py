@@ -12,7 +12,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import error_body
+from .errors import ANTHROPIC_PATHS, anthropic_error_body, error_body
 
 
 class _TooLarge(Exception):
@@ -28,16 +28,16 @@ class Guard:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        if self.api_key is not None and not self._authorized(headers.get("authorization", "")):
-            body = error_body(
-                401, "a valid API key is required: send 'Authorization: Bearer <key>'", code="invalid_api_key"
-            )
+        anthropic = str(scope.get("path", "")).startswith(ANTHROPIC_PATHS)
+        if self.api_key is not None and not self._authorized(headers):
+            message = "a valid API key is required: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
+            body = anthropic_error_body(401, message) if anthropic else error_body(401, message, code="invalid_api_key")
             # a browser asks for the key as a password (any user name) and then sends it with every request
             await _respond(send, 401, body, {"www-authenticate": 'Basic realm="torchburn", charset="UTF-8"'})
             return
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
-            await _respond(send, 413, self._too_large())
+            await _respond(send, 413, self._too_large(anthropic))
             return
         seen = 0
         started = False
@@ -61,14 +61,18 @@ class Guard:
             await self.app(scope, counted_receive, watched_send)
         except _TooLarge:
             if not started:
-                await _respond(send, 413, self._too_large())
+                await _respond(send, 413, self._too_large(anthropic))
 
-    def _too_large(self) -> dict[str, Any]:
-        return error_body(413, f"the request body is larger than {self.max_body:,} bytes", code="request_too_large")
+    def _too_large(self, anthropic: bool) -> dict[str, Any]:
+        message = f"the request body is larger than {self.max_body:,} bytes"
+        return anthropic_error_body(413, message) if anthropic else error_body(413, message, code="request_too_large")
 
-    def _authorized(self, header: str) -> bool:
+    def _authorized(self, headers: dict[str, str]) -> bool:
+        """The key as a bearer token, a Basic password (browsers) or in ``x-api-key`` (Anthropic's clients)."""
         assert self.api_key is not None
-        scheme, _, credentials = header.partition(" ")
+        if "x-api-key" in headers and self._matches(headers["x-api-key"].strip()):
+            return True
+        scheme, _, credentials = headers.get("authorization", "").partition(" ")
         given = ""
         if scheme.lower() == "bearer":
             given = credentials.strip()
@@ -77,6 +81,10 @@ class Guard:
                 given = base64.b64decode(credentials.strip(), validate=True).decode("utf-8").partition(":")[2]
             except (binascii.Error, UnicodeDecodeError):
                 return False
+        return self._matches(given)
+
+    def _matches(self, given: str) -> bool:
+        assert self.api_key is not None
         return hmac.compare_digest(given.encode("utf-8"), self.api_key.encode("utf-8"))
 
 

@@ -59,6 +59,11 @@ class JobMaker:
             tools.parse_tools(req.tools), req.tool_choice, self.template_knows_tools, req.parallel_tool_calls
         )
         messages = req.plain_messages(native_tools=plan is not None and plan.native)
+        # a conversation that ends with the assistant's words is continued from them, as llama-server and
+        # ollama do (the answer starts where the given text stops: "prefill")
+        prefill = ""
+        if len(messages) > 1 and messages[-1]["role"] == "assistant" and "tool_calls" not in messages[-1]:
+            prefill = messages.pop()["content"]
         extra: dict[str, Any] = dict(req.chat_template_kwargs or {})
         if plan is not None and plan.native:
             extra["tools"] = [t.as_openai() for t in plan.tools]
@@ -68,7 +73,7 @@ class JobMaker:
             text = self.llm.apply_chat_template(messages, True, **extra)
         except (ChatTemplateError, ValueError) as exc:
             raise bad_request(str(exc), "messages") from None
-        return text, plan
+        return text + prefill, plan
 
     def chat(self, req: ChatRequest) -> ChatJob:
         """Runs in a worker thread: templating, tokenizing and compiling a grammar take milliseconds."""
