@@ -11,6 +11,7 @@ from pathlib import Path
 import anthropic
 import httpx
 import ollama
+import openai
 import pytest
 import torch
 
@@ -139,3 +140,32 @@ def test_anthropic_messages_return_thinking_blocks(start_server: object, thinkin
     # thinking disabled: the template is asked not to think, and the answer is all text
     off = client.messages.create(**request, thinking={"type": "disabled"})  # type: ignore[call-overload]
     assert [(b.type, b.text) for b in off.content] == [("text", _answer(llm, enable_thinking=False))]
+
+
+def test_responses_api_returns_a_reasoning_item(start_server: object, thinking_model: Path) -> None:
+    server: ServerProcess = start_server("--model", str(thinking_model))  # type: ignore[operator]
+    llm = LLM.from_pretrained(thinking_model)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    request = {"model": "m", "input": QUESTION[0]["content"], "max_output_tokens": 12, "temperature": 0}
+    thought, content = reasoning.split(_answer(llm), True)
+    whole = client.responses.create(**request)  # type: ignore[call-overload]
+    assert [item.type for item in whole.output] == ["reasoning", "message"]
+    assert whole.output[0].content[0].text == thought and whole.output_text == content  # type: ignore[union-attr]
+    events = list(client.responses.create(**request, stream=True))  # type: ignore[call-overload]
+    final = events[-1].response  # cut off while thinking: "response.incomplete"
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == thought  # type: ignore[union-attr]
+    assert [e.output_index for e in events if e.type == "response.output_item.added"] == [0, 1]  # type: ignore[union-attr]
+    assert final.output[0].content[0].text == thought and final.output_text == content  # type: ignore[union-attr]
+    # reasoning effort "none": the template is asked not to think, and the answer is all text
+    off = client.responses.create(**request, reasoning={"effort": "none"})  # type: ignore[call-overload]
+    assert [item.type for item in off.output] == ["message"]
+    assert off.output_text == _answer(llm, enable_thinking=False)
+    # the output sent back as input, as the client's docs say to: its reasoning item is left out
+    turns = [{"role": "user", "content": "Hi"}, *whole.output, {"role": "user", "content": "And Italy?"}]
+    follow = client.responses.create(**{**request, "input": turns})  # type: ignore[call-overload]
+    plain = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": content},
+             {"role": "user", "content": "And Italy?"}]  # fmt: skip
+    again = client.responses.create(**{**request, "input": plain})  # type: ignore[call-overload]
+    assert (
+        follow.output_text == again.output_text and follow.output[0].content[0].text == again.output[0].content[0].text
+    )  # type: ignore[union-attr]

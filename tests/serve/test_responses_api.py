@@ -162,7 +162,7 @@ def test_function_call_and_its_output_as_chat_completions_answer(server: ServerP
         ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0]"),
         ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0]"),
-        ({"input": [{"type": "reasoning"}]}, "input[0]"),
+        ({"input": [{"type": "web_search_call"}]}, "input[0]"),
         ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
     ],
 )

@@ -4,10 +4,13 @@ call instead of chat completions.
 A request becomes the chat request the server already runs: ``instructions`` as the system message,
 ``input`` (a string, or messages, function calls and their outputs) as the conversation,
 ``max_output_tokens``, ``temperature``, ``top_p``, ``text.format`` (JSON object or JSON schema,
-enforced token by token), function ``tools`` and ``tool_choice``. The answer is a ``response`` object
-whose ``output`` holds the assistant's message and any function calls; streamed, the standard events
-(``response.created`` ... ``response.output_text.delta`` ... ``response.completed``). Responses are
-not stored: ``previous_response_id`` is refused, and a conversation sends its history as ``input``.
+enforced token by token), function ``tools`` and ``tool_choice``; ``reasoning.effort`` "none" asks the
+chat template not to think (Qwen3's ``enable_thinking``). The answer is a ``response`` object whose
+``output`` holds a reasoning model's thinking (a ``reasoning`` item), the assistant's message and any
+function calls; streamed, the standard events (``response.created`` ... ``response.reasoning_text.delta``
+... ``response.output_text.delta`` ... ``response.completed``). Responses are not stored:
+``previous_response_id`` is refused, and a conversation sends its history as ``input`` (reasoning items
+sent back are left out, as the chat routes leave earlier thinking out).
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import Field
 
-from . import tools
+from . import reasoning, tools
 from .engine import CANCELLED, Delta, Handle
 from .errors import bad_request
+from .jobs import ChatJob
 from .protocol import ChatRequest, _Body, parse, validated
 
 
@@ -54,6 +58,10 @@ class _Text(_Body):
     format: _Format | None = None
 
 
+class _Reasoning(_Body):
+    effort: str | None = None  # "none": the chat template is asked not to think
+
+
 class ResponsesRequest(_Body):
     model: str | None = None
     input: str | list[_Item]
@@ -67,6 +75,7 @@ class ResponsesRequest(_Body):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = False
     previous_response_id: str | None = None
+    reasoning: _Reasoning | None = None
 
 
 def add_routes(app: FastAPI, server: Any) -> None:
@@ -79,10 +88,10 @@ def add_routes(app: FastAPI, server: Any) -> None:
         req: ResponsesRequest = parse(await request.body(), ResponsesRequest)
         chat: ChatRequest = validated(chat_request(req), ChatRequest)
         made, handle, release = await _submitted(server, lambda: server.jobs.chat(chat), lambda m: m.job)
-        answer = _Answer(server.model_id, req)
+        answer = _Answer(server.model_id, req, made)
         if req.stream:
             return StreamingResponse(
-                _events(handle, answer, made.tool_plan, release),
+                _events(handle, answer, release),
                 media_type="text/event-stream",
                 headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
             )
@@ -90,7 +99,7 @@ def add_routes(app: FastAPI, server: Any) -> None:
         if deltas is None:
             return Response(status_code=499)
         answer.take(deltas[-1])
-        return JSONResponse(answer.response("".join(d.text for d in deltas), made.tool_plan, deltas[-1].finish))
+        return JSONResponse(answer.response("".join(d.text for d in deltas), deltas[-1].finish))
 
 
 def chat_request(req: ResponsesRequest) -> dict[str, Any]:
@@ -119,6 +128,8 @@ def chat_request(req: ResponsesRequest) -> dict[str, Any]:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output" and item.call_id is not None:
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output, where)})
+        elif kind == "reasoning":
+            continue  # earlier thinking stays out of the prompt
         else:
             raise bad_request(
                 f"{where} must be a message (role and content), a function_call (call_id, name, arguments) or a "
@@ -144,6 +155,8 @@ def chat_request(req: ResponsesRequest) -> dict[str, Any]:
             choice = {"type": "function", "function": {"name": choice["name"]}}
         out["tool_choice"] = choice
     out["parallel_tool_calls"] = req.parallel_tool_calls
+    if req.reasoning is not None and req.reasoning.effort == "none":
+        out["chat_template_kwargs"] = {"enable_thinking": False}
     return out
 
 
@@ -152,7 +165,7 @@ def _text(content: str | list[_Part] | None, where: str) -> str:
         return content or ""
     pieces = []
     for part in content:
-        if part.type not in ("input_text", "output_text", "text") or part.text is None:
+        if part.type not in ("input_text", "output_text", "text", "reasoning_text") or part.text is None:
             raise bad_request(f"{where} has a content part of type {part.type!r}; this model takes text only", where)
         pieces.append(part.text)
     return "".join(pieces)
@@ -169,11 +182,13 @@ def _chat_tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
 class _Answer:
     """One response's identity, settings and counts, and the objects that describe it."""
 
-    def __init__(self, model: str, req: ResponsesRequest) -> None:
+    def __init__(self, model: str, req: ResponsesRequest, made: ChatJob) -> None:
         self.id = f"resp_{secrets.token_hex(12)}"
         self.message_id = f"msg_{secrets.token_hex(12)}"
+        self.reasoning_id = f"rs_{secrets.token_hex(12)}"
         self.created = int(time.time())
         self.model, self.req = model, req
+        self.plan, self.thinking = made.tool_plan, made.thinking
         self.input_tokens = self.output_tokens = self.cached_tokens = 0
 
     def take(self, delta: Delta) -> None:
@@ -184,11 +199,19 @@ class _Answer:
         content = [_output_text(text)] if status == "completed" else []
         return {"type": "message", "id": self.message_id, "status": status, "role": "assistant", "content": content}
 
-    def response(self, text: str | None, plan: tools.ToolPlan | None, finish: str | None) -> dict[str, Any]:
+    def reasoning(self, text: str, status: str = "completed") -> dict[str, Any]:
+        content = [_reasoning_text(text)] if status == "completed" else []
+        return {"type": "reasoning", "id": self.reasoning_id, "status": status, "summary": [], "content": content}
+
+    def response(self, text: str | None, finish: str | None) -> dict[str, Any]:
         """The whole response object; ``text`` None while it is being generated."""
         output: list[dict[str, Any]] = []
         if text is not None:
-            content, calls = tools.finished_answer(text, plan, finish)
+            if self.thinking is not None:
+                thought, text = reasoning.split(text, self.thinking)
+                if thought:
+                    output.append(self.reasoning(thought))
+            content, calls = tools.finished_answer(text, self.plan, finish)
             if content or not calls:
                 output.append(self.message(content or ""))
             output += [_function_call(c) for c in calls]
@@ -225,6 +248,10 @@ class _Answer:
         return body
 
 
+def _reasoning_text(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
+
+
 def _output_text(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
@@ -240,10 +267,10 @@ def _function_call(call: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def _events(
-    handle: Handle, answer: _Answer, plan: tools.ToolPlan | None, release: Callable[[], None]
-) -> AsyncIterator[bytes]:
-    """The response as server-sent events, each named by its type and numbered."""
+async def _events(handle: Handle, answer: _Answer, release: Callable[[], None]) -> AsyncIterator[bytes]:
+    """The response as server-sent events, each named by its type and numbered. Thinking and text stream
+    as they come, each in its output item (opened when its first piece arrives); an answer that may call
+    tools is read whole, then sent as its items."""
     number = 0
 
     def event(kind: str, **fields: Any) -> bytes:
@@ -252,34 +279,90 @@ async def _events(
         number += 1
         return f"event: {kind}\ndata: {payload}\n\n".encode()
 
-    at = {"item_id": answer.message_id, "output_index": 0, "content_index": 0}
-    held: list[str] = []
+    opened: list[str] = []  # the kinds of the output items started so far, in order
+    ended: set[str] = set()
+    thought: list[str] = []
+    shown: list[str] = []  # the message's text sent so far
+    raw: list[str] = []  # the answer as generated
+
+    def at(kind: str) -> dict[str, Any]:
+        item_id = answer.message_id if kind == "message" else answer.reasoning_id
+        return {"item_id": item_id, "output_index": opened.index(kind), "content_index": 0}
+
+    def start(kind: str) -> list[bytes]:
+        opened.append(kind)
+        item, part = (
+            (answer.message("", "in_progress"), _output_text(""))
+            if kind == "message"
+            else (answer.reasoning("", "in_progress"), _reasoning_text(""))
+        )
+        return [
+            event("response.output_item.added", output_index=len(opened) - 1, item=item),
+            event("response.content_part.added", **at(kind), part=part),
+        ]
+
+    def end_reasoning() -> list[bytes]:
+        if "reasoning" not in opened or "reasoning" in ended:
+            return []
+        text = "".join(thought)
+        ended.add("reasoning")
+        return [
+            event("response.reasoning_text.done", **at("reasoning"), text=text),
+            event("response.content_part.done", **at("reasoning"), part=_reasoning_text(text)),
+            event(
+                "response.output_item.done", output_index=at("reasoning")["output_index"], item=answer.reasoning(text)
+            ),
+        ]
+
+    plan = answer.plan
+    splitter = None if answer.thinking is None else reasoning.ReasoningSplitter(answer.thinking)
     try:
-        yield event("response.created", response=answer.response(None, plan, None))
-        yield event("response.in_progress", response=answer.response(None, plan, None))
-        if plan is None:
-            yield event("response.output_item.added", output_index=0, item=answer.message("", "in_progress"))
-            yield event("response.content_part.added", **at, part=_output_text(""))
+        yield event("response.created", response=answer.response(None, None))
+        yield event("response.in_progress", response=answer.response(None, None))
+        if plan is None and splitter is None:
+            for piece in start("message"):
+                yield piece
         async for delta in handle.deltas():
             if delta.error is not None:
                 yield event("error", code=delta.error.code, message=delta.error.message, param=delta.error.param)
                 return
             if delta.finish == CANCELLED:
                 return
-            held.append(delta.text)
-            if plan is None and delta.text:
-                yield event("response.output_text.delta", **at, delta=delta.text, logprobs=[])
+            raw.append(delta.text)
+            thinking, text = reasoning.pieces(splitter, delta.text, delta.finish is not None)
+            out: list[bytes] = []
+            if thinking:
+                if "reasoning" not in opened:
+                    out += start("reasoning")
+                thought.append(thinking)
+                out.append(event("response.reasoning_text.delta", **at("reasoning"), delta=thinking))
+            if plan is None and text:
+                out += end_reasoning()
+                if "message" not in opened:
+                    out += start("message")
+                shown.append(text)
+                out.append(event("response.output_text.delta", **at("message"), delta=text, logprobs=[]))
+            for piece in out:
+                yield piece
             if delta.finish is None:
                 continue
+            for piece in end_reasoning():
+                yield piece
             answer.take(delta)
-            text = "".join(held)
-            whole = answer.response(text, plan, delta.finish)
+            whole = answer.response("".join(raw), delta.finish)
             if plan is None:
-                yield event("response.output_text.done", **at, text=text, logprobs=[])
-                yield event("response.content_part.done", **at, part=_output_text(text))
-                yield event("response.output_item.done", output_index=0, item=whole["output"][0])
+                if "message" not in opened:  # an answer of thinking alone still has its (empty) message
+                    for piece in start("message"):
+                        yield piece
+                text = "".join(shown)
+                index = at("message")["output_index"]
+                yield event("response.output_text.done", **at("message"), text=text, logprobs=[])
+                yield event("response.content_part.done", **at("message"), part=_output_text(text))
+                yield event("response.output_item.done", output_index=index, item=whole["output"][index])
             else:
                 for index, item in enumerate(whole["output"]):
+                    if item["type"] == "reasoning":
+                        continue  # streamed above
                     yield event("response.output_item.added", output_index=index, item=item)
                     if item["type"] == "function_call":
                         yield event("response.function_call_arguments.done", item_id=item["id"],
