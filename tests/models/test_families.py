@@ -408,6 +408,15 @@ def _clip() -> tuple[nn.Module, Inputs]:
     return transformers.CLIPModel(config).eval(), ((), kwargs)
 
 
+def _mamba() -> tuple[nn.Module, Inputs]:
+    # the selective scan as transformers writes it without mamba_ssm: torch.vmap over the state, whose
+    # levels the graph enters and leaves as ops of its own
+    config = transformers.MambaConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, state_size=8, pad_token_id=PAD, use_cache=False
+    )
+    return transformers.MambaForCausalLM(config).eval(), ((), {"input_ids": _ids()})
+
+
 # min_nodes: about 80% of the ATen nodes each graph has today, so that a graph that shrank (a layer traced
 # away, a region silently left to PyTorch) fails rather than passes on the few nodes that remain
 FAMILIES: dict[str, Family] = {
@@ -444,6 +453,7 @@ FAMILIES: dict[str, Family] = {
     "bart": Family(_bart, 240),
     "whisper_encoder": Family(_whisper_encoder, 75),
     "clip": Family(_clip, 180),
+    "mamba": Family(_mamba, 240),  # the scan under torch.vmap
 }
 
 

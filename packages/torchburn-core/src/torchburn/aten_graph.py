@@ -121,7 +121,7 @@ def _direct_inference_graph(
     if any(f.fake_mode is not fake_mode for f in fakes):
         return None
     try:
-        with _python_kernels_set_aside(keep_whole), fake_mode, enable_python_dispatcher():
+        with functorch_levels_restored(), _python_kernels_set_aside(keep_whole), fake_mode, enable_python_dispatcher():
             # the python dispatcher turns native_batch_norm into its functional eval form, as in AOTAutograd
             traced = make_fx(torch.func.functionalize(gm, remove="mutations"), decomposition_table=table)(*fakes)
     except Exception:  # whatever this trace cannot take, AOTAutograd gets to try
@@ -131,6 +131,20 @@ def _direct_inference_graph(
         return None
     traced.recompile()
     return traced
+
+
+@contextlib.contextmanager
+def functorch_levels_restored() -> Iterator[None]:
+    """Where the block raises, functorch's stack of transforms is put back as it was. A graph that uses
+    ``torch.vmap`` (Mamba's scan) enters a vmap level as one of its ops and leaves it as a later one; a
+    trace that fails between the two leaves the level entered, and then every later trace fails
+    ("batched == nullptr") and Dynamo's guard on the transform state fails on the frame."""
+    depth = torch._C._functorch.get_dynamic_layer_stack_depth()
+    try:
+        yield
+    except BaseException:
+        torch._C._functorch.pop_dynamic_layer_stack_and_undo_to_depth(depth)
+        raise
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ import torch
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from ._fallback_error import FallbackError
+from .aten_graph import functorch_levels_restored
 from .engines.discovery import resolve_engine
 from .errors import OptionsError, TorchBurnError
 from .options import parse_options
@@ -47,7 +48,8 @@ def torchburn_backend(
         return compiled.forward
 
     try:
-        return compile_dynamo_graph(gm, example_inputs, engine, opts, compile_graph)
+        with functorch_levels_restored():
+            return compile_dynamo_graph(gm, example_inputs, engine, opts, compile_graph)
     except TorchBurnError:
         raise  # a strict fallback or a bad option: the user's to see, as raised
     except _DYNAMO_HANDLES:
