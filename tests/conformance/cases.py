@@ -223,6 +223,20 @@ def _(g):  # type: ignore[no-untyped-def]
     return f, (_r(g, 9, 16), _r(g, 16, 5), _r(g, 3, 4, 16), _r(g, 7, 16), _r(g, 7))
 
 
+@case("grouped_mm_experts")
+def _(g):  # type: ignore[no-untyped-def]
+    # a mixture of experts' product as transformers computes it: token rows sorted by expert, a histogram
+    # of the experts summed into int32 offsets (floats to int32), each expert's rows by its own matrix
+    def f(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        experts = w.shape[0]
+        counts = torch.histc(ids.float(), bins=experts, min=0, max=experts - 1)
+        offs = counts.cumsum(0, dtype=torch.int32)
+        return torch._grouped_mm(x[ids.argsort(stable=True)], w, offs), offs, (x.abs() * 3).cumsum(0, dtype=torch.int32)
+
+    ids = torch.tensor([3, 0, 1, 3, 0, 3, 1, 0, 3, 3, 1])  # expert 2 gets no token
+    return f, (_r(g, 11, 8), _r(g, 4, 8, 12), ids)
+
+
 @case("matmul_f64")
 def _(g):  # type: ignore[no-untyped-def]
     return (lambda a, b: torch.relu(a @ b)), (_r(g, 8, 12, dtype=torch.float64), _r(g, 12, 3, dtype=torch.float64))

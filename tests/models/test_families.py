@@ -454,6 +454,14 @@ FAMILIES: dict[str, Family] = {
     "whisper_encoder": Family(_whisper_encoder, 75),
     "clip": Family(_clip, 180),
     "mamba": Family(_mamba, 240),  # the scan under torch.vmap
+    # mixtures of experts: tokens sorted by expert, a grouped product over offsets (transformers' op)
+    "mixtral": Family(_causal_lm(transformers.MixtralConfig, num_local_experts=4, num_experts_per_tok=2), 220),
+    "qwen3_moe": Family(
+        _causal_lm(
+            transformers.Qwen3MoeConfig, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16
+        ),
+        235,
+    ),
 }
 
 

@@ -291,5 +291,29 @@ def _available() -> dict[Any, Callable[..., Any]]:
 
 def for_missing_ops(lowered: Any, keep_whole: frozenset[Any]) -> dict[Any, Callable[..., Any]]:
     """The decompositions of :data:`WHEN_MISSING` for the ops not in ``lowered`` (an engine's op
-    registry, or any container of ops) nor kept whole by the engine."""
-    return {op: fn for op, fn in _available().items() if op not in lowered and op not in keep_whole}
+    registry, or any container of ops) nor kept whole by the engine, and those of other libraries'
+    ops into ones the engine lowers (:func:`_library_ops`)."""
+    table = {op: fn for op, fn in _available().items() if op not in lowered and op not in keep_whole}
+    table.update({op: fn for op, (needs, fn) in _library_ops().items() if needs in lowered and op not in lowered})
+    return table
+
+
+def _library_ops() -> dict[Any, tuple[Any, Callable[..., Any]]]:
+    """Ops other libraries register, with the ATen op each becomes where the engine lowers that one.
+
+    transformers' mixtures of experts (Mixtral, Qwen MoE, OLMoE...) multiply each expert's tokens by
+    its weights through ``transformers::grouped_mm_fallback`` when compiled in f32 (and through
+    ``_grouped_mm`` itself in bf16): the same product as ATen's grouped one over offsets, with the
+    rows past the last offset zero (ATen's leaves them unwritten; the engines zero them)."""
+    found: dict[Any, tuple[Any, Callable[..., Any]]] = {}
+    library = getattr(torch.ops, "transformers", None)
+    grouped = getattr(library, "grouped_mm_fallback", None) if library is not None else None
+    if grouped is not None and hasattr(aten, "_grouped_mm"):
+        found[grouped.default] = (aten._grouped_mm.default, _grouped_mm_by_offsets)
+    return found
+
+
+def _grouped_mm_by_offsets(rows: torch.Tensor, weights: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    # [S, K] rows sorted by group, [G, K, N] weights, [G] cumulative row counts -> [S, N]
+    out: torch.Tensor = aten._grouped_mm.default(rows, weights, offs.to(torch.int32))
+    return out

@@ -1,5 +1,6 @@
 //! `Matmul`: batched strided products with a fused bias, residual and activation (`kernels/gemm.rs`,
-//! and `kernels/gemm_packed.rs` for a B packed by MKL).
+//! and `kernels/gemm_packed.rs` for a B packed by MKL); `GroupedMm`: one product per group of rows
+//! (a mixture of experts).
 
 use std::ops::Range;
 
@@ -244,5 +245,117 @@ unsafe fn matmul<T: GemmScalar + elementwise::Activate>(
         threads::parallel_for(batch, |bi| one(bi, false));
     } else {
         (0..batch).for_each(|bi| one(bi, true));
+    }
+}
+
+impl Instruction for plan::GroupedMm {
+    fn validate(&self, check: &Check<'_>) -> Result<(), String> {
+        let plan::GroupedMm { a, b, offs, out } = self;
+        for op in [a, b, offs, out] {
+            check.operand(op)?;
+        }
+        if a.shape.len() != 2 || b.shape.len() != 3 || offs.shape.len() != 1 || out.shape.len() != 2
+        {
+            return Err("grouped_mm takes a [S, K], b [G, K, N], offs [G] and out [S, N]".into());
+        }
+        if !FLOATS.contains(&out.dtype) || a.dtype != out.dtype || b.dtype != out.dtype {
+            return Err("grouped_mm operands must be f32/f64 of one dtype".into());
+        }
+        if !matches!(offs.dtype, DType::I32 | DType::I64) {
+            return Err("grouped_mm offsets must be i32 or i64".into());
+        }
+        let (s, k, g, n) = (a.shape[0], a.shape[1], b.shape[0], b.shape[2]);
+        if b.shape[1] != k || offs.shape[0] != g || out.shape != [s, n] {
+            return Err("grouped_mm shapes do not agree".into());
+        }
+        Ok(())
+    }
+
+    unsafe fn run(&self, f: &Frame<'_>) -> Result<(), String> {
+        let plan::GroupedMm { a, b, offs, out } = self;
+        let rows = a.shape[0];
+        // the groups' ends, read as the run finds them: each within [previous end, rows]
+        let at = f.ptr(offs);
+        let mut ends = Vec::with_capacity(offs.shape[0]);
+        for g in 0..offs.shape[0] {
+            let i = g as isize * offs.strides[0];
+            let end = match offs.dtype {
+                DType::I32 => *(at as *const i32).offset(i) as i64,
+                _ => *(at as *const i64).offset(i),
+            };
+            let start = ends.last().copied().unwrap_or(0);
+            if end < start as i64 || end > rows as i64 {
+                return Err(format!(
+                    "grouped_mm: offset {g} is {end}; offsets must rise from 0 to at most the {rows} rows"
+                ));
+            }
+            ends.push(end as usize);
+        }
+        match out.dtype {
+            DType::F64 => grouped_mm::<f64>(f, a, b, out, &ends),
+            _ => grouped_mm::<f32>(f, a, b, out, &ends),
+        }
+        Ok(())
+    }
+}
+
+/// One product per group: its rows of `a` by its matrix of `b` into its rows of `out`; the rows no
+/// group holds are zero.
+unsafe fn grouped_mm<T: GemmScalar>(
+    f: &Frame<'_>,
+    a: &Operand,
+    b: &Operand,
+    out: &Operand,
+    ends: &[usize],
+) {
+    let (k, n) = (a.shape[1], out.shape[1]);
+    let (pa, pb, pc) = (
+        f.ptr(a) as *const T,
+        f.ptr(b) as *const T,
+        f.ptr(out) as *mut T,
+    );
+    let os = &out.strides;
+    let mut start = 0;
+    for (g, &end) in ends.iter().enumerate() {
+        if end > start {
+            let a_mat = Mat {
+                ptr: pa.offset(start as isize * a.strides[0]),
+                rs: a.strides[0],
+                cs: a.strides[1],
+            };
+            let b_mat = Mat {
+                ptr: pb.offset(g as isize * b.strides[0]),
+                rs: b.strides[1],
+                cs: b.strides[2],
+            };
+            let c_mat = MatMut {
+                ptr: pc.offset(start as isize * os[0]),
+                rs: os[0],
+                cs: os[1],
+            };
+            let hooks = BlockHooks {
+                before: None,
+                after: None,
+            };
+            gemm_hooked::<T>(
+                end - start,
+                n,
+                k,
+                a_mat,
+                b_mat,
+                c_mat,
+                false,
+                T::ONE,
+                true,
+                0,
+                hooks,
+            );
+        }
+        start = end;
+    }
+    for i in start..out.shape[0] {
+        for j in 0..n {
+            *pc.offset(i as isize * os[0] + j as isize * os[1]) = T::ZERO;
+        }
     }
 }

@@ -76,6 +76,7 @@ macro_rules! families {
 families! {
     Elementwise(elementwise::Elementwise),
     Matmul(plan::Matmul),
+    GroupedMm(plan::GroupedMm),
     Reduce(plan::Reduce),
     Softmax(plan::Softmax),
     Scan(plan::Scan),

@@ -13,6 +13,7 @@ use super::{de_f64, one, Domain, EOp, Operand, UnaryFn};
 pub enum Instr {
     Elementwise(Elementwise),
     Matmul(Matmul),
+    GroupedMm(GroupedMm),
     Reduce(Reduce),
     Softmax(Softmax),
     Scan(Scan),
@@ -76,6 +77,18 @@ pub struct Matmul {
     /// the other cases.
     #[serde(default)]
     pub b_packed: Option<Operand>,
+}
+
+/// `out[s] = a[s] @ b[g]` for the rows `s` of group `g`: rows `offs[g-1]..offs[g]` (from 0 for the
+/// first group). `a` is `[S, K]`, `b` `[G, K, N]`, `offs` `[G]` cumulative row counts (i32 or i64),
+/// `out` `[S, N]`; rows past the last offset are zero. A mixture of experts' product over its tokens
+/// sorted by expert (`_grouped_mm` with offsets).
+#[derive(Deserialize, Clone, Debug)]
+pub struct GroupedMm {
+    pub a: Operand,
+    pub b: Operand,
+    pub offs: Operand,
+    pub out: Operand,
 }
 
 #[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]

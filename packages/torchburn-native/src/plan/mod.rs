@@ -14,9 +14,9 @@ mod operand;
 pub use expr::{BinaryFn, Domain, EOp, UnaryFn};
 pub use instr::{
     AdaptiveAvgPool2d, AvgPool2d, BatchNormEval, Conv2d, Conv2dWeightGrad, ConvEpilogue,
-    Elementwise, Gather, GroupNorm, Index, IndexPut, IndexSelect, Instr, LayerNorm, Matmul,
-    MaxPool2d, Reduce, ReduceKind, RmsNorm, Scan, ScanOp, Scatter, ScatterReduce, Sdpa, Softmax,
-    Sort, Upsample2d,
+    Elementwise, Gather, GroupNorm, GroupedMm, Index, IndexPut, IndexSelect, Instr, LayerNorm,
+    Matmul, MaxPool2d, Reduce, ReduceKind, RmsNorm, Scan, ScanOp, Scatter, ScatterReduce, Sdpa,
+    Softmax, Sort, Upsample2d,
 };
 pub use operand::{Buf, DType, Operand};
 

@@ -1,4 +1,4 @@
-"""Matrix products (mm, bmm, addmm, baddbmm): the GEMM-backed ops.
+"""Matrix products (mm, bmm, addmm, baddbmm, and _grouped_mm for mixtures of experts): the GEMM-backed ops.
 
 Operands go to the kernel as strided views, so ``x @ w.t()`` reads ``w`` in place. A bias is folded
 into the GEMM (it seeds the output, which the GEMM accumulates into) and a following activation is
@@ -202,3 +202,36 @@ def addmm(
     p: Planner, node: Any, bias: Tensorish, a: Tensorish, b: Tensorish, beta: float = 1, alpha: float = 1
 ) -> Tensorish:
     return matmul(p, a, b, bias, alpha, beta)
+
+
+def _grouped_rows(node: Any) -> bool | str:
+    """``_grouped_mm``'s mixture-of-experts form only: rows [S, K] in groups by offsets, one [K, N]
+    matrix of [G, K, N] per group, floats."""
+    a, b = (x.meta["val"] for x in node.args[:2])
+    offs = node.args[2] if len(node.args) > 2 else node.kwargs.get("offs")
+    if offs is None or a.dim() != 2 or b.dim() != 3:
+        return "grouped_mm: only [S, K] rows grouped by offsets over [G, K, N] matrices"
+    if a.dtype not in MATMUL_DTYPES or b.dtype != a.dtype or offs.meta["val"].dtype not in (torch.int32, torch.int64):
+        return "grouped_mm: float operands of one dtype and integer offsets"
+    return True
+
+
+@lower(aten._grouped_mm.default, family=Family.MATMUL, check=_grouped_rows)
+def grouped_mm(p: Planner, node: Any, a: Tensorish, b: Tensorish, offs: Tensorish) -> Tensorish:
+    """Each group of rows of ``a`` (rows ``offs[g-1]:offs[g]``) by its matrix ``b[g]``: a mixture of
+    experts over its tokens sorted by expert. Rows past the last offset come out zero."""
+    meta = p.out_meta()
+    out_dtype: torch.dtype = meta.dtype
+    dtype = _gemm_dtype(out_dtype)
+    av = _as_gemm_input(p, a, dtype)  # [S, K]
+    bv = _as_gemm_input(p, b, dtype)  # [G, K, N]
+    ov = p.value(offs)  # [G]
+    out = p.new_value(tuple(meta.shape), dtype)  # [S, N]
+    p.emit(
+        {"kind": "grouped_mm", "a": av.operand(), "b": bv.operand(), "offs": ov.operand(), "out": out.operand()},
+        [av, bv, ov],
+        [out],
+    )
+    if out_dtype != dtype:
+        return p.converted(out, out_dtype)
+    return out

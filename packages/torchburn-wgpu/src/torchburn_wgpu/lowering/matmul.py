@@ -1,4 +1,5 @@
-"""Matrix products (mm, bmm, addmm, baddbmm): the tiled kernel of ``matmul.wgsl``, with split-k sums."""
+"""Matrix products (mm, bmm, addmm, baddbmm): the tiled kernel of ``matmul.wgsl``, with split-k sums;
+``_grouped_mm``'s mixture of experts in ``grouped_mm.wgsl``."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import torch
 
 from torchburn.planning import ComputeType, Expr, Family, expr
 
-from ..kernels import B_STRIDED, B_VEC_ALONG_K, B_VEC_ALONG_N, Launch, f32_bits, matmul_source, params
+from ..kernels import B_STRIDED, B_VEC_ALONG_K, B_VEC_ALONG_N, Launch, f32_bits, grid, matmul_source, params
 from ..planner import Lazy, Planner, constant
+from ..shaders import source
 from ..values import WGSL_TYPES, Value, broadcast_strides
 from . import FLOATS, FxNode, lower
 
@@ -139,3 +141,32 @@ def _addmm(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value | Lazy:
     shape = (a.shape[0], b.shape[1])
     bias = Value(bias.slot, bias.dtype, shape, broadcast_strides(bias, shape), bias.offset, bias.buffer_numel)
     return matmul(p, a, b, bias, float(node.kwargs.get("alpha", 1.0)), float(node.kwargs.get("beta", 1.0)))
+
+
+def _grouped_rows(node: FxNode) -> bool | str:
+    """``_grouped_mm``'s mixture-of-experts form only: f32 rows [S, K] in groups by integer offsets, one
+    [K, N] matrix of [G, K, N] per group."""
+    a, b = (x.meta["val"] for x in node.args[:2])
+    offs = node.args[2] if len(node.args) > 2 else node.kwargs.get("offs")
+    if offs is None or a.dim() != 2 or b.dim() != 3:
+        return "grouped_mm: only [S, K] rows grouped by offsets over [G, K, N] matrices"
+    if a.dtype != torch.float32 or b.dtype != a.dtype or offs.meta["val"].dtype not in (torch.int32, torch.int64):
+        return "grouped_mm: float32 operands and integer offsets"
+    if any(x is not None for x in (*node.args[3:], node.kwargs.get("bias"), node.kwargs.get("out_dtype"))):
+        return "grouped_mm with a bias or an output dtype"
+    return True
+
+
+@lower(aten._grouped_mm.default, family=Family.MATMUL, check=_grouped_rows)
+def _grouped_mm(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Value:
+    offsets = args[2] if len(args) > 2 else kwargs["offs"]
+    a, b, offs = p.materialize(args[0]), p.materialize(args[1]), p.materialize(offsets)
+    rows, k = a.shape  # a [S, K], b [G, K, N], offs [G]
+    g, n = b.shape[0], b.shape[2]
+    out = p.new_value((rows, n), a.dtype)  # [S, N]
+    words = [rows, n, k, g, a.offset, a.strides[0], a.strides[1]]
+    words += [b.offset, *b.strides, offs.offset, offs.strides[0], out.offset, *out.strides]
+    code = source("grouped_mm", TYPE=WGSL_TYPES[a.dtype])
+    slots = [out.slot, a.slot, b.slot, offs.slot]
+    p.launches.append(Launch("grouped_mm", code, slots, params(words), grid(-(-rows * n // 256))))
+    return out

@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 
-from torchburn.planning import Family, Layout
+from torchburn.planning import Family, Layout, expr
 
 from ..kernels import SCAN_LINE_PER_THREAD, SCANS, SORT_MAX, Launch, grid, params, scan_source, sort_source
-from ..planner import Planner
+from ..planner import Lazy, Planner
 from ..values import KINDS, WGSL_TYPES, Value, numel
 from . import ANY, F32, INTS, FxNode, lower
 
@@ -38,9 +38,6 @@ def _scan_check(spec: Any) -> bool | str:
         return f"cumulative {op} to {out.dtype if out is not None else 'nothing'}"
     if _accumulator(out.dtype) not in SCANS[op]:
         return f"cumulative {op} of integers"
-    x = spec.inputs[0]
-    if x is not None and x.dtype.is_floating_point and not out.dtype.is_floating_point:
-        return f"cumulative {op} of floats to {out.dtype}"
     return True
 
 
@@ -58,7 +55,12 @@ def _scan(p: Planner, node: FxNode, *args: Any, **kwargs: Any) -> Any:
     op = SCAN_OPS[node.target]
     outs = p.out_meta()
     values_meta = outs[0] if op in ("max", "min") else outs
-    x = p.dense(p.materialize(args[0]))
+    x = p.materialize(args[0])
+    if x.dtype.is_floating_point and not values_meta.dtype.is_floating_point:
+        # cumsum(floats, dtype=int32) (a histogram's counts to offsets): PyTorch converts the input to
+        # the output's dtype first, truncating, then sums
+        x = p.materialize(Lazy(expr.cast(p.lazy(x, x.shape), "int"), values_meta.dtype, x.shape))
+    x = p.dense(x)
     acc = _accumulator(values_meta.dtype)
     values = p.new_value(x.shape, values_meta.dtype)
     positions = p.new_value(x.shape, torch.int64) if op in ("max", "min") else None

@@ -63,6 +63,7 @@ SAMPLES: dict[str, dict[str, str]] = {
         "BODY": "let t = o + moved;\n"
         "    atomicStore(&out[t], bitcast<u32>(combine(bitcast<f32>(atomicLoad(&out[t])), src[s])));",
     },
+    "grouped_mm": {"TYPE": "f32"},
     "softmax": {"OUTER_RANK": "1", "LOG": "false", "IN_REGISTERS": "false", "IN_REGISTERS_BODY": ""},
     "norm": {},
     "sort": {"TYPE": "f32", "SIZE": "2048", "IS_NAN": "tb_isnan(v)"},
