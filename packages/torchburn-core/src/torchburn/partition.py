@@ -103,17 +103,26 @@ def _region_of(sub: torch.fx.GraphModule, options: CompileOptions) -> tuple[Regi
     return Region(sub, inputs, outputs, options), single
 
 
-def _caller(program: Program, single: bool, n_outputs: int, index: int) -> Callable[..., Any]:
+def _caller(
+    program: Program, single: bool, n_outputs: int, index: int, outputs: tuple[TensorSpec | None, ...] = ()
+) -> Callable[..., Any]:
+    """The graph's call of a region's program. ``outputs`` (the traced specs): where given, each output
+    comes back with the strides it was traced with (:func:`_as_traced`)."""
+    layouts = _traced_layouts(outputs)
     if single:
 
         def run_one(*args: Any) -> Any:
-            return program(*args)[0]
+            result = program(*args)[0]
+            return _as_traced(result, layouts[0]) if layouts else result
 
         run = run_one
     else:
 
         def run_many(*args: Any) -> Any:
-            return program(*args)
+            results = program(*args)
+            if not layouts:
+                return results
+            return tuple(_as_traced(r, layout) for r, layout in zip(results, layouts, strict=True))
 
         run = run_many
     run.__name__ = run.__qualname__ = f"{REGION_PREFIX}{index}"
@@ -121,6 +130,34 @@ def _caller(program: Program, single: bool, n_outputs: int, index: int) -> Calla
     run.torchburn_program = program  # type: ignore[attr-defined]
     run.torchburn_outputs = None if single else n_outputs  # type: ignore[attr-defined]
     return run
+
+
+Layout = tuple[tuple[int, ...], tuple[int, ...]] | None  # a traced output's (shape, strides), None: any
+
+
+def _traced_layouts(outputs: tuple[TensorSpec | None, ...]) -> list[Layout]:
+    """Each output's static traced shape and strides; empty where every output is contiguous or not
+    static (nothing to check then)."""
+    layouts: list[Layout] = []
+    for spec in outputs:
+        static = spec is not None and all(isinstance(x, int) for x in (*spec.shape, *spec.stride))
+        layouts.append((tuple(spec.shape), tuple(spec.stride)) if static and spec is not None else None)
+    if all(spec is None or spec.is_contiguous for spec in outputs):
+        return []
+    return layouts
+
+
+def _as_traced(value: Any, layout: Layout) -> Any:
+    """``value`` with the strides its node was traced with. A program returns dense tensors, but the
+    nodes after a region were traced on its outputs' own layouts: an op that PyTorch runs lays out
+    its result like its input (CPU attention returns [B, H, T, D] as [B, T, H, D] when its query came
+    transposed), and a later view of that result holds only for the traced layout."""
+    if layout is None or not isinstance(value, torch.Tensor) or value.stride() == layout[1]:
+        return value
+    shape, stride = layout
+    out = torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device)
+    out.copy_(value)
+    return out
 
 
 def whole_graph_program(fused: torch.fx.GraphModule) -> Program | None:
@@ -210,9 +247,8 @@ def partition_and_compile(gm: torch.fx.GraphModule, engine: Engine, options: Com
         region, single = _region_of(sub, options)
         program = compile_region(engine, region, options)
         with fused.graph.inserting_before(node):
-            call = fused.graph.call_function(
-                _caller(program, single, len(region.outputs), index), tuple(node.args), dict(node.kwargs)
-            )
+            caller = _caller(program, single, len(region.outputs), index, region.outputs)
+            call = fused.graph.call_function(caller, tuple(node.args), dict(node.kwargs))
         call.meta = dict(node.meta)
         node.replace_all_uses_with(call)
         fused.graph.erase_node(node)
