@@ -493,3 +493,22 @@ def test_bf16_model_matches_eager(engine_name: str, name: str) -> None:
     torch.testing.assert_close(actual, expected, rtol=0.0, atol=0.02 * expected.abs().max().item())
     ran, fell = engine_counts(engine_name)
     assert ran > 0 and (fell == 0 or engine_name != "native")
+
+
+def test_generate_with_a_compiled_forward_matches_eager(engine_name: str) -> None:
+    # the way transformers users compile: the forward inside generate(), its KV cache growing step by
+    # step (keys and values then have lengths of their own symbols, which attention must take as equal)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**{**_DECODER, "use_cache": True}))
+    model.eval()
+    ids = torch.randint(3, VOCAB, (1, 7), generator=torch.Generator().manual_seed(0))
+    settings = {"max_new_tokens": 10, "do_sample": False, "pad_token_id": PAD}
+    with torch.no_grad():
+        expected = model.generate(ids, **settings)
+        model.forward = torch.compile(
+            model.forward, backend="torchburn", options={"engine": engine_name, "fallback": "error"}
+        )
+        actual = model.generate(ids, **settings)
+    assert torch.equal(actual, expected)
+    ran, fell = engine_counts(engine_name)
+    assert ran > 0 and fell == 0

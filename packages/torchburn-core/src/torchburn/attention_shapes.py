@@ -19,13 +19,20 @@ def _same(a: Any, b: Any) -> bool:
     return str(a) == str(b)
 
 
+def _may_agree(a: Any, b: Any) -> bool:
+    """Sizes the op requires equal: two different symbols may still be (a KV cache's keys and values
+    grow as two symbols of one length), so only two unequal integers disagree here; an engine plans
+    with the concrete sizes and checks them again then."""
+    return not (isinstance(a, int) and isinstance(b, int)) or a == b
+
+
 def grouped_heads(q: Sequence[Any], k: Sequence[Any], v: Sequence[Any]) -> int | str:
     """Query heads per key/value head (1 without grouping), or why the shapes are not attention's."""
     if not len(q) == len(k) == len(v) == 4:
         return "attention needs 4-D q, k and v"
-    if not (_same(q[0], k[0]) and _same(q[0], v[0])):
+    if not (_may_agree(q[0], k[0]) and _may_agree(q[0], v[0])):
         return f"attention batch sizes differ: q {q[0]}, k {k[0]}, v {v[0]}"
-    if not (_same(q[3], k[3]) and _same(k[2], v[2]) and _same(k[1], v[1])):
+    if not (_may_agree(q[3], k[3]) and _may_agree(k[2], v[2]) and _same(k[1], v[1])):
         return f"attention shapes do not agree: q {list(q)}, k {list(k)}, v {list(v)}"
     h, hk = q[1], k[1]
     if _same(h, hk):

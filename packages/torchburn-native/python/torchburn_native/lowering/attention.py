@@ -13,7 +13,7 @@ import torch
 from torchburn.attention_shapes import grouped_heads
 from torchburn.planning import Family
 
-from ..planner import Planner
+from ..planner import PlanError, Planner
 from ..values import Tensorish, Value, contiguous_strides
 from . import lower
 
@@ -53,6 +53,9 @@ def sdpa(
     scale: float | None = None,
 ) -> tuple[Value, Value]:
     qv, kv, vv = _rows_in_place(p, q), _rows_in_place(p, k), _rows_in_place(p, v)
+    heads = grouped_heads(qv.shape, kv.shape, vv.shape)  # again, with the sizes of this call
+    if isinstance(heads, str):
+        raise PlanError(heads)
     b, h, tq, d = qv.shape
     tk, dv = kv.shape[2], vv.shape[3]
     out = _attention_output(p, node, (b, h, tq, dv), torch.float32)
