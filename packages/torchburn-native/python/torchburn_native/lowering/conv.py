@@ -17,7 +17,8 @@ from . import lower
 aten = torch.ops.aten
 
 
-CONV_DTYPES = {torch.float32, torch.float64}
+CONV_DTYPES = {torch.float32, torch.float64, torch.bfloat16, torch.float16}
+HALVES = (torch.bfloat16, torch.float16)  # convolved in float32, as PyTorch's CPU kernels accumulate
 
 
 def conv_epilogue(p: Planner, x: Value) -> tuple[dict[str, Any], int] | None:
@@ -63,14 +64,15 @@ def convolution(
     groups: int,
 ) -> Value:
     meta = p.out_meta()
-    if bias is None and not transposed and groups == 1:
+    dtype = torch.float32 if meta.dtype in HALVES else meta.dtype
+    if bias is None and not transposed and groups == 1 and dtype == meta.dtype:
         grad_weight = _weight_gradient(p, node, x, weight, stride, padding, dilation, tuple(meta.shape))
         if grad_weight is not None:
             return grad_weight
-    xv = p.contiguous(x)
-    wv = p.contiguous(weight)
-    bv = p.contiguous(bias) if bias is not None else None
-    out = p.new_value(tuple(meta.shape), meta.dtype)
+    xv = p.contiguous(x, dtype)
+    wv = p.contiguous(weight, dtype)
+    bv = p.contiguous(bias, dtype) if bias is not None else None
+    out = p.new_value(tuple(meta.shape), dtype)
     if xv.rank == 3:
         # conv1d is conv2d over a height of one
         def as4(v: Value) -> dict[str, Any]:
@@ -107,6 +109,8 @@ def convolution(
         "epilogue": None,
     }
     p.emit(instr, [xv, wv, bv, taps], [out])
+    if dtype != meta.dtype:
+        return p.materialize(p.converted(out, meta.dtype))
     return out
 
 

@@ -37,8 +37,16 @@ def _pool_input_dtype(node: Any) -> bool | str:
     return True
 
 
+def _max_pool_input_dtype(node: Any) -> bool | str:
+    spec = node.inputs[0]
+    if spec is None or spec.dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        return "max pooling runs on float32/float64/bfloat16/float16"
+    return True
+
+
 # ceil_mode: through the output's shape; the kernel clips windows at the input's edge
-@lower(aten.max_pool2d_with_indices.default, family=Family.POOL, check=_pool_input_dtype, reads=("ceil_mode",))
+# bfloat16 and float16 through float32, which holds every one of their values: the maximum is exact
+@lower(aten.max_pool2d_with_indices.default, family=Family.POOL, check=_max_pool_input_dtype, reads=("ceil_mode",))
 def max_pool2d(
     p: Planner,
     node: Any,
@@ -50,9 +58,10 @@ def max_pool2d(
     ceil_mode: bool = False,
 ) -> tuple[Value, Value]:
     out_meta, idx_meta = p.out_meta()
-    xv, _ = _as4d(p.contiguous(x))
+    dtype = torch.float32 if out_meta.dtype in (torch.bfloat16, torch.float16) else out_meta.dtype
+    xv, _ = _as4d(p.contiguous(x, dtype))
     k = _pool_pairs(kernel, [1, 1])
-    out = p.new_value(tuple(out_meta.shape), out_meta.dtype)
+    out = p.new_value(tuple(out_meta.shape), dtype)
     idx = p.new_value(tuple(idx_meta.shape), torch.int64)
     ov, _ = _as4d(out)
     iv, _ = _as4d(idx)
@@ -71,6 +80,8 @@ def max_pool2d(
         [xv],
         [ov, iv if wants_indices else None],
     )
+    if dtype != out_meta.dtype:
+        return p.materialize(p.converted(out, out_meta.dtype)), idx
     return out, idx
 
 
