@@ -106,7 +106,7 @@ class MessagesRequest(_Body):
 
 def add_routes(app: FastAPI, server: Any) -> None:
     """``/v1/messages`` and ``/v1/messages/count_tokens`` on ``app`` for ``server``."""
-    from .app import CLIENT_CLOSED, _collect, _submitted
+    from .app import _SSE_HEADERS, CLIENT_CLOSED, _collect, _submitted
 
     def anthropic_errors(route: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         async def wrapped(request: Request) -> Response:
@@ -127,9 +127,7 @@ def add_routes(app: FastAPI, server: Any) -> None:
         reply = _Reply(server.model_id, made)
         if req.stream:
             return StreamingResponse(
-                _events(handle, reply, release),
-                media_type="text/event-stream",
-                headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+                _events(handle, reply, release), media_type="text/event-stream", headers=_SSE_HEADERS
             )
         deltas = await _collect(handle, request, release)
         if deltas is None:

@@ -80,7 +80,7 @@ class ResponsesRequest(_Body):
 
 def add_routes(app: FastAPI, server: Any) -> None:
     """``/v1/responses`` (and ``/responses``) on ``app`` for ``server``."""
-    from .app import _collect, _submitted
+    from .app import _SSE_HEADERS, CLIENT_CLOSED, _collect, _submitted
 
     @app.post("/v1/responses")
     @app.post("/responses")
@@ -91,13 +91,11 @@ def add_routes(app: FastAPI, server: Any) -> None:
         answer = _Answer(server.model_id, req, made)
         if req.stream:
             return StreamingResponse(
-                _events(handle, answer, release),
-                media_type="text/event-stream",
-                headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+                _events(handle, answer, release), media_type="text/event-stream", headers=_SSE_HEADERS
             )
         deltas = await _collect(handle, request, release)
         if deltas is None:
-            return Response(status_code=499)
+            return Response(status_code=CLIENT_CLOSED)
         answer.take(deltas[-1])
         return JSONResponse(answer.response("".join(d.text for d in deltas), deltas[-1].finish))
 

@@ -13,12 +13,12 @@ from torchburn.planning import Family
 from ..planner import Planner
 from ..values import Tensorish, Value
 from . import lower
+from .halves import compute_dtype, narrow
 
 aten = torch.ops.aten
 
 
 CONV_DTYPES = {torch.float32, torch.float64, torch.bfloat16, torch.float16}
-HALVES = (torch.bfloat16, torch.float16)  # convolved in float32, as PyTorch's CPU kernels accumulate
 
 
 def conv_epilogue(p: Planner, x: Value) -> tuple[dict[str, Any], int] | None:
@@ -62,9 +62,9 @@ def convolution(
     transposed: bool,
     output_padding: list[int],
     groups: int,
-) -> Value:
+) -> Tensorish:
     meta = p.out_meta()
-    dtype = torch.float32 if meta.dtype in HALVES else meta.dtype
+    dtype = compute_dtype(meta.dtype)  # half types convolve in float32
     if bias is None and not transposed and groups == 1 and dtype == meta.dtype:
         grad_weight = _weight_gradient(p, node, x, weight, stride, padding, dilation, tuple(meta.shape))
         if grad_weight is not None:
@@ -109,9 +109,7 @@ def convolution(
         "epilogue": None,
     }
     p.emit(instr, [xv, wv, bv, taps], [out])
-    if dtype != meta.dtype:
-        return p.materialize(p.converted(out, meta.dtype))
-    return out
+    return narrow(p, out, meta.dtype)
 
 
 def _batch_major(v: Tensorish) -> Value | None:

@@ -12,6 +12,7 @@ from torchburn.planning import Family
 from ..planner import Planner
 from ..values import Tensorish, Value
 from . import lower
+from .halves import compute_dtype
 
 aten = torch.ops.aten
 
@@ -58,7 +59,7 @@ def max_pool2d(
     ceil_mode: bool = False,
 ) -> tuple[Value, Value]:
     out_meta, idx_meta = p.out_meta()
-    dtype = torch.float32 if out_meta.dtype in (torch.bfloat16, torch.float16) else out_meta.dtype
+    dtype = compute_dtype(out_meta.dtype)
     xv, _ = _as4d(p.contiguous(x, dtype))
     k = _pool_pairs(kernel, [1, 1])
     out = p.new_value(tuple(out_meta.shape), dtype)
